@@ -1,0 +1,27 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each creates .venv and installs what it needs.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first and alone: the CPU wheel on this machine satisfies the range without a multi-GB download.
+	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q "torch>=2.6,<2.15"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	RAY_AUTH_MODE=disabled $(BIN)/laminar train --out runs/demo
+
+test: $(STAMP)
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check laminar tests && $(BIN)/ruff format --check laminar tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

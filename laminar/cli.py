@@ -1,0 +1,40 @@
+"""The `laminar` console script: a thin dispatcher; each command's parser lives beside its code."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    ("train",): "laminar.train:main",
+    ("warmup",): "laminar.data.warmup:main",
+    ("bench", "engine"): "laminar.engine.bench:main",
+    ("bench", "relay"): "laminar.relay.bench:main",
+    ("bench", "schedules"): "laminar.schedules.bench:main",
+    ("simulate",): "laminar.sim.cli:main",
+}
+
+USAGE = """usage: laminar COMMAND [ARGS]
+
+commands:
+  train [CONFIG] [key=value ...]   train with the configured schedule (defaults: the embedded CPU demo)
+  warmup [--out DIR]               build the demo's warm-start checkpoint (supervised warm-up)
+  bench engine                     decode throughput by batch size vs Hugging Face generate
+  bench relay                      weight propagation along the relay chain
+  bench schedules                  every schedule on one length-controlled workload
+  simulate                         the cluster simulator (64 to 1024 GPUs)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for words, target in sorted(COMMANDS.items(), key=lambda kv: -len(kv[0])):
+        if tuple(argv[: len(words)]) == words:
+            module, func = target.split(":")
+            return getattr(importlib.import_module(module), func)(argv[len(words) :]) or 0
+    print(USAGE, file=sys.stderr)
+    return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
