@@ -1,0 +1,193 @@
+"""The dynamic repack planner (design section 5): a pure function from replica snapshots to moves.
+
+Replicas in their ramp-down tail run a handful of long trajectories and waste their GPU. Packing those
+trajectories onto fewer replicas of the same weight version frees the rest to pull fresh weights and take new
+prompts. The planner only decides; the manager moves requests with the engine's export/import. Both the
+runtime manager and the simulator call it, so what the simulator predicts is what the runtime does.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """A snapshot the manager takes of one replica; `requests` are its running (request_id, kv_blocks)."""
+
+    replica: int
+    version: int
+    waiting: int
+    running: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    peak_kv_blocks: int
+    requests: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Move:
+    request_id: str
+    source: int
+    destination: int
+
+
+@dataclass(frozen=True)
+class RepackPlan:
+    """Moves to make and replicas they release; every request of a released replica has a move."""
+
+    moves: tuple[Move, ...] = ()
+    released: tuple[int, ...] = ()
+
+
+def idle_replicas(loads: Iterable[ReplicaLoad], batch_limit_b: int) -> list[ReplicaLoad]:
+    """Replicas in their ramp-down tail: nothing waiting, KV below their own peak, fewer than B running.
+
+    A replica with nothing running is already free (it pulls and takes prompts by itself), so it is not a
+    candidate: it would only be a destination, and filling it with old-version work would keep it from the
+    newest weights.
+    """
+    return [
+        r
+        for r in loads
+        if r.waiting == 0
+        and r.running > 0
+        and r.kv_blocks_used < r.peak_kv_blocks
+        and r.running < batch_limit_b
+    ]
+
+
+@dataclass
+class _Bin:
+    """Mutable planning state of one replica."""
+
+    replica: int
+    kv: int
+    running: int
+    kv_max: float
+    requests: tuple[tuple[str, int], ...]
+    released: bool = False
+    received: bool = False
+
+    def fits(self, blocks: int, batch_limit_b: int) -> bool:
+        return not self.released and self.kv + blocks <= self.kv_max and self.running + 1 <= batch_limit_b
+
+
+Choose = Callable[[list[_Bin], int, int], "_Bin | None"]
+
+
+def _best_fit(candidates: list[_Bin], blocks: int, batch_limit_b: int) -> _Bin | None:
+    """The fullest destination that still fits, so the emptiest replicas are left to release."""
+    fitting = [b for b in candidates if b.fits(blocks, batch_limit_b)]
+    return max(fitting, key=lambda b: (b.kv, b.running, -b.replica), default=None)
+
+
+def _best_fit_relative(candidates: list[_Bin], blocks: int, batch_limit_b: int) -> _Bin | None:
+    """Fullest by fraction of its own limits: what matters when replicas differ in KV size."""
+    fitting = [b for b in candidates if b.fits(blocks, batch_limit_b)]
+    return max(
+        fitting, key=lambda b: (max(b.kv / b.kv_max, b.running / batch_limit_b), -b.replica), default=None
+    )
+
+
+def _first_fit(candidates: list[_Bin], blocks: int, batch_limit_b: int) -> _Bin | None:
+    return next((b for b in candidates if b.fits(blocks, batch_limit_b)), None)
+
+
+def _pack_group(
+    bins: list[_Bin], order: Sequence[_Bin], choose: Choose, batch_limit_b: int, largest_first: bool
+) -> list[Move]:
+    """Try to empty each source in `order` onto the others; keep a source's moves only if all of them fit."""
+    moves: list[Move] = []
+    for source in order:
+        if source.received or source.released:
+            continue
+        others = [b for b in bins if b is not source]
+        reqs = (
+            sorted(source.requests, key=lambda r: (-r[1], r[0])) if largest_first else list(source.requests)
+        )
+        trial: list[tuple[str, int, _Bin]] = []
+        for request_id, blocks in reqs:
+            dest = choose(others, blocks, batch_limit_b)
+            if dest is None:
+                break
+            dest.kv += blocks
+            dest.running += 1
+            trial.append((request_id, blocks, dest))
+        if len(trial) == len(reqs):
+            source.released = True
+            for request_id, _, dest in trial:
+                dest.received = True
+                moves.append(Move(request_id, source.replica, dest.replica))
+        else:
+            for _, blocks, dest in trial:
+                dest.kv -= blocks
+                dest.running -= 1
+    return moves
+
+
+def _bins(group: Sequence[ReplicaLoad], kv_capacity_frac: float) -> list[_Bin]:
+    return [
+        _Bin(r.replica, r.kv_blocks_used, r.running, kv_capacity_frac * r.kv_blocks_total, r.requests)
+        for r in group
+    ]
+
+
+def _plan(
+    loads: Iterable[ReplicaLoad],
+    batch_limit_b: int,
+    kv_capacity_frac: float,
+    choose: Choose,
+    sort_sources: bool,
+    largest_first: bool,
+) -> RepackPlan:
+    if batch_limit_b < 1:
+        raise ValueError(f"batch_limit_b={batch_limit_b} must be >= 1")
+    if not 0.0 < kv_capacity_frac <= 1.0:
+        raise ValueError(f"kv_capacity_frac={kv_capacity_frac} must be in (0, 1]")
+    groups: dict[int, list[ReplicaLoad]] = defaultdict(list)
+    for r in sorted(idle_replicas(loads, batch_limit_b), key=lambda r: r.replica):
+        groups[r.version].append(r)
+    moves: list[Move] = []
+    released: list[int] = []
+    for version in sorted(groups):
+        if len(groups[version]) < 2:
+            continue
+        bins = _bins(groups[version], kv_capacity_frac)
+        order = sorted(bins, key=lambda b: (b.kv, b.running, b.replica)) if sort_sources else bins
+        moves += _pack_group(bins, order, choose, batch_limit_b, largest_first)
+        released += [b.replica for b in bins if b.released]
+    return RepackPlan(tuple(moves), tuple(sorted(released)))
+
+
+def plan_repack(
+    loads: Iterable[ReplicaLoad], *, batch_limit_b: int, kv_capacity_frac: float = 0.9
+) -> RepackPlan:
+    """Best-fit repack inside each weight-version group, maximising the replicas released.
+
+    Sources go in ascending KV footprint (the cheapest to empty first) and each trajectory, largest first,
+    goes to the fullest destination within C_max = kv_capacity_frac * its KV blocks and B running. A replica
+    that received work is never released later. Deterministic: ties break on replica id and request id.
+
+    Best fit is not always optimal with two limits (KV and running count) and unequal replicas, so the
+    planner also tries best fit on relative load and plain first fit and keeps the plan that releases the
+    most replicas (then the fewest moves; then the first tried).
+    """
+    loads = list(loads)
+    plans = [
+        _plan(loads, batch_limit_b, kv_capacity_frac, _best_fit, sort_sources=True, largest_first=True),
+        _plan(
+            loads, batch_limit_b, kv_capacity_frac, _best_fit_relative, sort_sources=True, largest_first=True
+        ),
+        plan_first_fit(loads, batch_limit_b=batch_limit_b, kv_capacity_frac=kv_capacity_frac),
+    ]
+    return max(plans, key=lambda p: (len(p.released), -len(p.moves)))
+
+
+def plan_first_fit(
+    loads: Iterable[ReplicaLoad], *, batch_limit_b: int, kv_capacity_frac: float = 0.9
+) -> RepackPlan:
+    """The simple baseline: sources by replica id, each request to the first replica that fits."""
+    return _plan(loads, batch_limit_b, kv_capacity_frac, _first_fit, sort_sources=False, largest_first=False)
