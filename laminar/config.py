@@ -1,0 +1,242 @@
+"""Typed configuration: dataclasses whose defaults are the embedded CPU demo, loaded from YAML with dotted
+overrides (`trainer.lr=1e-5 rollout.replicas=4`) and validated when loaded, naming the field at fault."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+SCHEDULES = ("sync", "one_step", "stream", "partial", "laminar")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the field, the value and what would be valid."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # local Hugging Face directory; empty = the demo's warm-start checkpoint (built on demand)
+    dtype: str = "float32"  # float32 | bfloat16
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass
+class TaskConfig:
+    name: str = "reverse"  # built-in task (laminar.data.tasks) or a JSONL path
+    reward: str = ""  # dotted path module:function; empty = the task's own reward
+    num_prompts: int = 4096
+    seed: int = 0
+
+
+@dataclass
+class RolloutConfig:
+    replicas: int = 3
+    groups_per_batch: int = 4  # prompt groups a replica takes at once
+    max_num_seqs: int = 64
+    kv_blocks: int = 256
+    block_size: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 96
+    num_cpus: float = 0.5
+    num_gpus: float = 0.0
+    progress_every: int = 8  # engine steps between progress reports to the partial response pool
+    heartbeat_s: float = 1.0
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 40
+    groups_per_step: int = 8
+    group_size: int = 8
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    micro_batch: int = 64
+    correction: str = "none"  # none | tis | mis (decoupled PPO with truncated / masked importance weights)
+    is_cap: float = 2.0
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    checkpoint_every: int = 20
+    warmup_steps: int = 2  # steps excluded from the throughput window
+
+
+@dataclass
+class RelayConfig:
+    chunk_mb: float = 4.0
+    slots: int = 3
+
+
+@dataclass
+class RepackConfig:
+    enabled: bool = True
+    interval_s: float = 1.0
+    batch_limit_b: int = 16  # B: decode batch past which throughput stops growing (laminar bench engine)
+    kv_capacity: float = 0.9  # C_max as a fraction of a replica's KV blocks
+
+
+@dataclass
+class BufferConfig:
+    capacity_groups: int = 256
+    max_staleness: int = -1  # -1 = unbounded (Laminar's default); stream/partial use schedule.staleness
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = "laminar"
+    staleness: int = 2  # k for stream / partial
+
+
+@dataclass
+class RunConfig:
+    out: str = "runs/demo"
+    seed: int = 0
+    max_wall_s: float = 600.0
+    timeout_s: float = 120.0  # longest any single wait may take before the run fails with a message
+    ray_address: str = ""  # empty = start a local Ray instance
+    num_cpus: int = 0  # logical CPUs for a local Ray instance; 0 = enough for the configured actors
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    relay: RelayConfig = field(default_factory=RelayConfig)
+    repack: RepackConfig = field(default_factory=RepackConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _coerce(path: str, value: Any, kind: type) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{path}: expected true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return int(value)
+    if kind is float:
+        if isinstance(value, str):  # YAML 1.1 reads `1e-5` as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if kind is str:
+        if not isinstance(value, str | int | float):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _apply(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
+    hints = get_type_hints(type(obj))
+    names = [f.name for f in dataclasses.fields(obj)]
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown field {path!r}; valid fields here: {', '.join(names)}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, str) and hasattr(current, "name"):
+            value = {"name": value}  # `schedule: sync` is short for `schedule: {name: sync}`
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: expected a section (mapping), got {value!r}")
+            _apply(current, value, prefix=f"{path}.")
+        else:
+            setattr(obj, key, _coerce(path, value, hints[key]))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form section.field=value (e.g. trainer.lr=1e-5)")
+    key, raw = text.split("=", 1)
+    return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def _nest(key: str, value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    node = out
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults, then the YAML file, then the overrides; validated as a whole at the end."""
+    cfg = Config()
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist; pass a YAML file or no file for the demo")
+        data = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections, got {type(data).__name__}")
+        _apply(cfg, data)
+    for text in overrides:
+        key, value = parse_override(text)
+        _apply(cfg, _nest(key, value))
+    validate(cfg)
+    return cfg
+
+
+def _check(ok: bool, path: str, value: Any, valid: str) -> None:
+    if not ok:
+        raise ConfigError(f"{path}={value!r} is invalid: {valid}")
+
+
+def validate(cfg: Config) -> None:
+    _check(cfg.model.dtype in ("float32", "bfloat16"), "model.dtype", cfg.model.dtype, "float32 or bfloat16")
+    _check(cfg.model.device in ("auto", "cpu", "cuda"), "model.device", cfg.model.device, "auto, cpu or cuda")
+    if cfg.model.path:
+        _check(Path(cfg.model.path).is_dir(), "model.path", cfg.model.path,
+               "a local Hugging Face model directory (config.json + *.safetensors)")
+    r, t = cfg.rollout, cfg.trainer
+    _check(r.replicas >= 1, "rollout.replicas", r.replicas, "at least 1")
+    _check(r.groups_per_batch >= 1, "rollout.groups_per_batch", r.groups_per_batch, "at least 1")
+    _check(r.max_num_seqs >= t.group_size, "rollout.max_num_seqs", r.max_num_seqs,
+           f"at least trainer.group_size ({t.group_size}) so a group fits one replica")
+    _check(r.kv_blocks >= 4 and r.block_size >= 1, "rollout.kv_blocks", r.kv_blocks, "at least 4 blocks")
+    _check(r.temperature >= 0, "rollout.temperature", r.temperature, "0 (greedy) or a positive number")
+    _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1]")
+    _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", r.max_new_tokens, "at least 1")
+    _check(r.num_cpus > 0, "rollout.num_cpus", r.num_cpus, "a positive number of CPUs")
+    _check(t.steps >= 1, "trainer.steps", t.steps, "at least 1")
+    _check(t.groups_per_step >= 1, "trainer.groups_per_step", t.groups_per_step, "at least 1")
+    _check(t.group_size >= 2, "trainer.group_size", t.group_size, "at least 2 (GRPO compares samples of a group)")
+    _check(t.lr > 0, "trainer.lr", t.lr, "a positive learning rate")
+    _check(0 <= t.clip_low < 1, "trainer.clip_low", t.clip_low, "in [0, 1)")
+    _check(t.clip_high >= 0, "trainer.clip_high", t.clip_high, "non-negative")
+    _check(t.correction in ("none", "tis", "mis"), "trainer.correction", t.correction, "none, tis or mis")
+    _check(t.micro_batch >= 1, "trainer.micro_batch", t.micro_batch, "at least 1")
+    _check(cfg.relay.chunk_mb > 0, "relay.chunk_mb", cfg.relay.chunk_mb, "a positive size in MB")
+    _check(cfg.relay.slots >= 2, "relay.slots", cfg.relay.slots, "at least 2 (one complete, one arriving)")
+    _check(cfg.repack.interval_s > 0, "repack.interval_s", cfg.repack.interval_s, "a positive number of seconds")
+    _check(cfg.repack.batch_limit_b >= 1, "repack.batch_limit_b", cfg.repack.batch_limit_b, "at least 1")
+    _check(0 < cfg.repack.kv_capacity <= 1, "repack.kv_capacity", cfg.repack.kv_capacity, "in (0, 1]")
+    _check(cfg.buffer.capacity_groups >= t.groups_per_step, "buffer.capacity_groups", cfg.buffer.capacity_groups,
+           f"at least trainer.groups_per_step ({t.groups_per_step})")
+    _check(cfg.schedule.name in SCHEDULES, "schedule.name", cfg.schedule.name, " | ".join(SCHEDULES))
+    _check(cfg.schedule.staleness >= 0, "schedule.staleness", cfg.schedule.staleness, "a non-negative integer")
+    _check(cfg.run.max_wall_s > 0, "run.max_wall_s", cfg.run.max_wall_s, "a positive number of seconds")
+    _check(cfg.run.timeout_s > 0, "run.timeout_s", cfg.run.timeout_s, "a positive number of seconds")

@@ -1,0 +1,236 @@
+"""A rollout replica: one engine, generating whole batches with one weight version each.
+
+The loop is the design's, section 3: pull the newest version from the node's relay, ask the manager for prompt
+groups, decode them to the end (streaming progress to the partial response pool, scoring finished trajectories
+off the decode loop), and start again. The manager's repack and recovery commands (export, import) are applied
+by the loop thread between two engine steps, so the engine is only ever touched by one thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import ray
+import torch
+
+from laminar.data.records import PromptGroup, Trajectory
+
+
+def sample_seed(run_seed: int, traj_id: str) -> int:
+    """A trajectory's sampling stream depends on the run and its id only, wherever it is decoded."""
+    digest = hashlib.blake2b(f"{run_seed}/{traj_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+
+
+@dataclass
+class InFlight:
+    group: PromptGroup
+    sample_idx: int
+    version: int
+    t_start: float
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reported: int = 0  # tokens already sent to the partial response pool
+
+
+@dataclass
+class _Command:
+    fn: Callable[[], Any]
+    done: cf.Future = field(default_factory=cf.Future)
+
+
+class RolloutReplica:
+    """Plain class; `laminar.rollout.actor` wraps it in a threaded Ray actor."""
+
+    def __init__(self, replica_id: int, make_engine: Callable[[], Any], *, manager: Any, relay: Any,
+                 partial_pool: Any, buffer: Any, scorer: Any, sampling: dict[str, Any], run_seed: int,
+                 progress_every: int = 8, heartbeat_s: float = 1.0, timeout_s: float = 120.0,
+                 torch_threads: int = 1) -> None:
+        torch.set_num_threads(torch_threads)  # Ray gives fractional-CPU actors one OMP thread; say so explicitly
+        self.id = replica_id
+        self.engine = make_engine()
+        self.manager, self.relay, self.partial_pool, self.buffer = manager, relay, partial_pool, buffer
+        self.scorer = scorer
+        self.sampling = sampling
+        self.run_seed = run_seed
+        self.progress_every = progress_every
+        self.heartbeat_s = heartbeat_s
+        self.timeout_s = timeout_s
+        self.inflight: dict[str, InFlight] = {}
+        self.commands: queue.Queue[_Command] = queue.Queue()
+        self.score_pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"score-{replica_id}")
+        self.stop_event = threading.Event()
+        self.tokens_generated = 0
+        self.busy_s = 0.0
+        self.error: str | None = None
+        self._last_beat = 0.0
+        self._thread = threading.Thread(target=self._main, name=f"replica-{replica_id}", daemon=True)
+
+    # ---- called by the actor's other threads -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.stop_event.set()
+        self._thread.join(timeout_s)
+        self.score_pool.shutdown(wait=True)
+
+    def run_in_loop(self, fn: Callable[[], Any], timeout_s: float | None = None) -> Any:
+        """Run `fn` on the loop thread between two engine steps and wait for its result."""
+        cmd = _Command(fn)
+        self.commands.put(cmd)
+        return cmd.done.result(timeout=timeout_s or self.timeout_s)
+
+    def export_requests(self, request_ids: list[str]) -> list[tuple[Any, InFlight]]:
+        def export() -> list[tuple[Any, InFlight]]:
+            out = []
+            for rid in request_ids:
+                if rid in self.inflight:
+                    out.append((self.engine.export_request(rid), self.inflight.pop(rid)))
+            return out
+
+        return self.run_in_loop(export)
+
+    def import_requests(self, items: list[tuple[Any, InFlight]]) -> list[str]:
+        """Accept moved trajectories of this replica's version; returns the ids refused (version differs)."""
+
+        def import_() -> list[str]:
+            refused = []
+            for exported, state in items:
+                rid = state.group.traj_id(state.sample_idx)
+                if state.version != self.engine.version:
+                    refused.append(rid)
+                    continue
+                self.engine.import_request(exported)
+                self.inflight[rid] = state
+            return refused
+
+        return self.run_in_loop(import_)
+
+    def snapshot(self) -> dict[str, Any]:
+        stats = self.engine.stats()
+        return {
+            "replica": self.id,
+            "version": stats.version,
+            "waiting": stats.waiting,
+            "running": stats.running,
+            "kv_used": stats.kv_blocks_used,
+            "kv_total": stats.kv_blocks_total,
+            "peak_kv": stats.peak_kv_blocks,
+            "tokens_generated": self.tokens_generated,
+            "busy_s": round(self.busy_s, 4),
+            "inflight": sorted(self.inflight),
+            "error": self.error,
+        }
+
+    # ---- the loop thread --------------------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            while not self.stop_event.is_set():
+                self._apply_commands()
+                if not self.engine.has_unfinished():
+                    self._pull()
+                    groups = ray.get(self.manager.next_work.remote(self.id, self.engine.version),
+                                     timeout=self.timeout_s)
+                    self._add(groups)
+                self._decode()
+        except Exception:  # the manager sees the error in heartbeats and replaces this replica
+            self.error = traceback.format_exc()
+            self._beat(force=True)
+            raise
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                cmd.done.set_result(cmd.fn())
+            except Exception as exc:  # handed to the caller, the loop goes on
+                cmd.done.set_exception(exc)
+
+    def _pull(self) -> None:
+        from laminar.relay.pull import pull_latest
+
+        pulled = pull_latest(self.relay, self.engine.load_weights, self.engine.version, timeout_s=self.timeout_s)
+        if pulled is not None:
+            version, seconds = pulled
+            self.manager.record_pull.remote(self.id, version, seconds, time.time())
+
+    def _add(self, groups: list[PromptGroup]) -> None:
+        from laminar.engine import SamplingParams
+
+        self.engine.reset_peak()
+        now = time.time()
+        for group in groups:
+            for i in range(group.n):
+                rid = group.traj_id(i)
+                params = SamplingParams(seed=sample_seed(self.run_seed, rid), **self.sampling)
+                self.engine.add_request(rid, group.prompt_ids, params)
+                self.inflight[rid] = InFlight(group, i, self.engine.version, now)
+
+    def _decode(self) -> None:
+        """Step the engine until it drains; commands (repack, recovery) are applied between steps."""
+        steps = 0
+        while self.engine.has_unfinished() and not self.stop_event.is_set():
+            t = time.perf_counter()
+            out = self.engine.step()
+            self.busy_s += time.perf_counter() - t
+            for rid, tokens in out.new_tokens.items():
+                self.tokens_generated += len(tokens)
+            for fin in out.finished:
+                self._finish(fin)
+            steps += 1
+            if steps % self.progress_every == 0:
+                self._report_progress(out)
+            self._beat()
+            self._apply_commands()
+        self._beat(force=True)
+
+    def _report_progress(self, out: Any) -> None:
+        updates = {}
+        for rid, state in self.inflight.items():
+            tokens, logprobs = self.engine.progress(rid)
+            if len(tokens) > state.reported:
+                updates[rid] = (state.version, tokens[state.reported :], logprobs[state.reported :])
+                state.reported = len(tokens)
+        if updates:
+            self.partial_pool.extend.remote(self.id, updates)
+
+    def _finish(self, fin: Any) -> None:
+        state = self.inflight.pop(fin.request_id)
+        traj = Trajectory(
+            traj_id=fin.request_id,
+            group_id=state.group.group_id,
+            sample_idx=state.sample_idx,
+            prompt_ids=list(state.group.prompt_ids),
+            response_ids=list(fin.token_ids),
+            logprobs=list(fin.logprobs),
+            version=state.version,
+            finish_reason=fin.finish_reason,
+            replica=self.id,
+            t_start=state.t_start,
+            t_end=time.time(),
+        )
+        self.score_pool.submit(self._score_and_store, traj, state.group)
+
+    def _score_and_store(self, traj: Trajectory, group: PromptGroup) -> None:
+        traj.reward, error = self.scorer(group, traj)
+        if error:
+            traj.meta["reward_error"] = error
+        ray.get(self.buffer.add.remote(traj), timeout=self.timeout_s)
+        self.partial_pool.remove.remote(traj.traj_id)
+
+    def _beat(self, force: bool = False) -> None:
+        now = time.time()
+        if force or now - self._last_beat >= self.heartbeat_s:
+            self._last_beat = now
+            self.manager.heartbeat.remote(self.snapshot(), now)

@@ -1,0 +1,76 @@
+"""`summary.json`: the measures of design section 9 under the names the reports use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "max": 0.0}
+    return {"mean": float(np.mean(values)), "max": float(np.max(values))}
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def summarize(records: list[dict[str, Any]], *, schedule: str, wall_s: float, warmup_steps: int,
+              trajectories: dict[str, int], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    steps = [r for r in records if r["kind"] == "step"]
+    publishes = [r for r in records if r["kind"] == "publish"]
+    pulls = [r for r in records if r["kind"] == "pull"]
+    gens = [r for r in records if r["kind"] == "replica"]
+    staleness = [s for r in steps for s in r.get("staleness", [])]
+    rewards = [r["reward_mean"] for r in steps]
+    window = max(1, min(5, len(rewards) // 4 or 1))
+    ma = moving_average(rewards, window)
+
+    # Training throughput over a window of steps after warm-up: trained tokens / wall time of that window.
+    timed = steps[warmup_steps:] if len(steps) > warmup_steps + 1 else steps
+    if len(timed) >= 2:
+        span = timed[-1]["t"] - timed[0]["t"]
+        train_tps = sum(r["tokens"] for r in timed[1:]) / span if span > 0 else 0.0
+    else:
+        train_tps = sum(r["tokens"] for r in steps) / wall_s if wall_s > 0 else 0.0
+    # Generation throughput: response tokens over all replicas per second of wall time.
+    last_by_replica: dict[int, int] = {}
+    for r in gens:
+        last_by_replica[r["replica"]] = max(last_by_replica.get(r["replica"], 0), r["tokens_generated"])
+    gen_tokens = sum(last_by_replica.values())
+    kv = [r["kv_used"] / r["kv_total"] for r in gens if r.get("kv_total") and r.get("busy", True)]
+
+    summary: dict[str, Any] = {
+        "schedule": schedule,
+        "wall_s": round(wall_s, 3),
+        "trainer_steps": len(steps),
+        "trained_tokens": int(sum(r["tokens"] for r in steps)),
+        "train_tokens_per_s": round(train_tps, 2),
+        "gen_tokens": int(gen_tokens),
+        "gen_tokens_per_s": round(gen_tokens / wall_s, 2) if wall_s > 0 else 0.0,
+        "reward_start": round(ma[0], 4) if ma else 0.0,
+        "reward_end": round(ma[-1], 4) if ma else 0.0,
+        "staleness": {
+            "mean": float(np.mean(staleness)) if staleness else 0.0,
+            "p50": float(np.percentile(staleness, 50)) if staleness else 0.0,
+            "p99": float(np.percentile(staleness, 99)) if staleness else 0.0,
+            "max": int(max(staleness)) if staleness else 0,
+        },
+        "publishes": len(publishes),
+        "actor_stall_s": _stats([r["stall_s"] for r in publishes]),
+        "relay_propagation_s": _stats([r["propagation_s"] for r in publishes if r.get("propagation_s") is not None]),
+        "pulls": len(pulls),
+        "pull_s": _stats([r["seconds"] for r in pulls]),
+        "kv_utilisation": round(float(np.mean(kv)), 4) if kv else 0.0,
+        "trajectories": trajectories,
+    }
+    summary.update(extra or {})
+    return summary
