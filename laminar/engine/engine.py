@@ -1,0 +1,282 @@
+"""The engine loop: requests in, one scheduled step at a time, tokens and finished requests out.
+
+Requests can leave (`export_request`) and enter (`import_request`) mid-generation: the receiver re-prefills
+prompt plus tokens so far and continues with the same sampling stream, so a moved request produces what it would
+have produced had it stayed. Weights are swapped in place (`load_weights`): parameters are copied into, the KV
+cache is never reallocated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from laminar.engine.block_manager import BlockManager
+from laminar.engine.config import ModelConfig, SamplingParams
+from laminar.engine.model_runner import ModelRunner
+from laminar.engine.sampler import request_key, row_keys, sample
+from laminar.engine.scheduler import Scheduler
+from laminar.engine.sequence import EngineStats, ExportedRequest, FinishedRequest, Sequence, StepOutput
+from laminar.engine.weights import WeightLayout, load_safetensors_dir, unflatten
+
+CPU_KV_BUDGET = 1 << 30  # default KV cache on CPU: 1 GiB (or less if the running cap needs less)
+
+
+class Engine:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        *,
+        weights: dict[str, torch.Tensor] | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_num_seqs: int = 64,
+        num_kv_blocks: int | None = None,
+        block_size: int = 16,
+        max_model_len: int | None = None,
+        version: int = 0,
+        max_num_batched_tokens: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        use_cuda_graphs: bool = True,
+    ):
+        """`weights=None` keeps the random initialisation (benchmarks); otherwise a Hugging Face state dict."""
+        self.config = cfg = model_config
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device='cuda' but torch.cuda.is_available() is False; use device='cpu'")
+        self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.block_size = block_size
+        if num_kv_blocks is None:
+            num_kv_blocks = self._default_kv_blocks(dtype, max_num_seqs, gpu_memory_utilization)
+        self.runner = ModelRunner(
+            cfg,
+            device=self.device,
+            dtype=dtype,
+            num_kv_blocks=num_kv_blocks,
+            block_size=block_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=max_num_seqs,
+            use_cuda_graphs=use_cuda_graphs,
+        )
+        self.blocks = BlockManager(num_kv_blocks, block_size)
+        self.scheduler = Scheduler(
+            self.blocks, max_num_seqs, max_num_batched_tokens or max(self.max_model_len, 8192)
+        )
+        self.version = version
+        self.tokens_generated = 0
+        self.eos = set(cfg.eos_token_ids)
+        self._seqs: dict[str, Sequence] = {}
+        self._keys: dict[str, int] = {}
+        if weights is not None:
+            self.load_state_dict(weights, version)
+        self.runner.capture_graphs()
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **kw) -> Engine:
+        """A local Hugging Face model directory: config.json plus *.safetensors."""
+        return cls(ModelConfig.from_dir(path), weights=load_safetensors_dir(path), **kw)
+
+    def _default_kv_blocks(self, dtype: torch.dtype, max_num_seqs: int, utilization: float) -> int:
+        per_block = ModelRunner.kv_bytes_per_block(self.config, self.block_size, dtype)
+        wanted = max_num_seqs * -(-self.max_model_len // self.block_size)
+        if self.device.type != "cuda":
+            return max(1, min(wanted, CPU_KV_BUDGET // per_block))
+        cfg, elem = self.config, torch.empty((), dtype=dtype).element_size()
+        params = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2) + cfg.num_layers * (
+            cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+            + 3 * cfg.hidden_size * cfg.intermediate_size
+        )
+        free, total = torch.cuda.mem_get_info(self.device)
+        activations = max_num_seqs * cfg.vocab_size * 4 * 3 + (2 << 30)
+        budget = free - params * elem - activations - (1 - utilization) * total
+        return max(1, min(wanted, int(budget // per_block)))
+
+    # ---- requests -----------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self._check_new(request_id, len(prompt_token_ids), "prompt")
+        vocab = self.config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(
+                f"request {request_id!r}: token ids {bad[:5]} outside the vocabulary [0, {vocab})"
+            )
+        seq = Sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params)
+        self._admit(seq)
+
+    def _check_new(self, request_id: str, num_tokens: int, what: str) -> None:
+        if request_id in self._seqs:
+            raise ValueError(f"request id {request_id!r} is already in this engine; ids must be unique")
+        if num_tokens < 1:
+            raise ValueError(f"request {request_id!r}: empty {what}; give at least one token")
+        if num_tokens >= self.max_model_len:
+            raise ValueError(
+                f"request {request_id!r}: {what} has {num_tokens} tokens but max_model_len is {self.max_model_len}; "
+                f"it must be at most {self.max_model_len - 1} tokens to leave room for one new token"
+            )
+        need = self.blocks.blocks_for(num_tokens + 1)
+        if need > self.blocks.num_blocks:
+            raise ValueError(
+                f"request {request_id!r}: {what} of {num_tokens} tokens needs {need} KV blocks but the cache has "
+                f"{self.blocks.num_blocks}; raise num_kv_blocks or shorten the {what}"
+            )
+
+    def _admit(self, seq: Sequence) -> None:
+        self._seqs[seq.request_id] = seq
+        self._keys[seq.request_id] = request_key(seq.params.seed, seq.request_id)
+        self.scheduler.waiting.append(seq)
+
+    def abort(self, request_id: str) -> None:
+        seq = self._seqs.pop(request_id, None)
+        if seq is not None:
+            self.scheduler.remove(seq)
+            self._keys.pop(request_id)
+
+    def export_request(self, request_id: str) -> ExportedRequest:
+        """Remove a request and return what another engine needs to continue it."""
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            raise KeyError(
+                f"request {request_id!r} is not in this engine (finished, aborted, or never added)"
+            )
+        self.abort(request_id)
+        return ExportedRequest(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            output_token_ids=seq.output_ids,
+            logprobs=list(seq.logprobs),
+            token_versions=list(seq.token_versions),
+            params=seq.params,
+            version=self.version,
+        )
+
+    def import_request(self, exported: ExportedRequest) -> None:
+        """Queue a moved request; it re-prefills prompt plus outputs, then continues its own sampling stream."""
+        e = exported
+        if len(e.logprobs) != len(e.output_token_ids):
+            raise ValueError(
+                f"request {e.request_id!r}: {len(e.logprobs)} log-probs for {len(e.output_token_ids)} tokens"
+            )
+        tokens = list(e.prompt_token_ids) + list(e.output_token_ids)
+        self._check_new(e.request_id, len(tokens), "prompt plus outputs")
+        versions = list(e.token_versions) or [e.version] * len(e.output_token_ids)
+        seq = Sequence(e.request_id, tokens, len(e.prompt_token_ids), e.params, list(e.logprobs), versions)
+        self._admit(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+    def step(self) -> StepOutput:
+        seqs, is_prefill = self.scheduler.schedule()
+        if not seqs:
+            return StepOutput()
+        num_tokens = sum(len(s) for s in seqs) if is_prefill else len(seqs)
+        if is_prefill:
+            for s in seqs:
+                s.num_prefilled += s.num_output  # outputs recomputed after preemption or import
+            logits = self.runner.prefill(seqs)
+        else:
+            logits = self.runner.decode(seqs)
+        tokens, logprobs = self._sample(seqs, logits)
+        out = StepOutput(is_prefill=is_prefill, num_tokens=num_tokens)
+        for seq, tok, lp in zip(seqs, tokens, logprobs):
+            seq.token_ids.append(tok)
+            seq.logprobs.append(lp)
+            seq.token_versions.append(self.version)
+            out.new_tokens[seq.request_id] = [tok]
+            reason = self._finish_reason(seq, tok)
+            if reason:
+                out.finished.append(self._finish(seq, reason))
+        self.tokens_generated += len(seqs)
+        return out
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+        p = [s.params for s in seqs]
+        dev = logits.device
+        temps = torch.tensor([x.temperature for x in p], dtype=torch.float32)
+        keys = row_keys(
+            torch.tensor([self._keys[s.request_id] for s in seqs], dtype=torch.int64),
+            torch.tensor([len(s) for s in seqs], dtype=torch.int64),
+        )
+        top_k = torch.tensor([x.top_k for x in p], dtype=torch.int64)
+        top_p = torch.tensor([x.top_p for x in p], dtype=torch.float32)
+        if dev.type != "cpu":
+            temps, keys, top_k, top_p = (t.to(dev, non_blocking=True) for t in (temps, keys, top_k, top_p))
+        tokens, logprobs = sample(logits, temps, keys, top_k, top_p)
+        return tokens.tolist(), logprobs.tolist()
+
+    def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
+        p = seq.params
+        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos):
+            return "stop"
+        if seq.num_output >= p.max_new_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str) -> FinishedRequest:
+        self.abort(seq.request_id)
+        return FinishedRequest(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            output_token_ids=seq.output_ids,
+            logprobs=seq.logprobs,
+            finish_reason=reason,
+            version=seq.token_versions[0] if seq.token_versions else self.version,
+            token_versions=seq.token_versions,
+            reprefill_tokens=seq.num_prefilled,
+        )
+
+    # ---- weights ------------------------------------------------------------------------------------------
+    def load_weights(self, flat: np.ndarray | torch.Tensor, layout: WeightLayout, version: int) -> None:
+        """From the relay's flat buffer: views over it, copied into the existing parameters."""
+        self.load_state_dict(unflatten(flat, layout), version)
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Copy Hugging Face-named tensors into the parameters in place (CUDA graphs and KV cache stay valid)."""
+        params = dict(self.runner.model.named_parameters())  # a tied lm_head appears once, as the embedding
+        tied_extra = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
+        missing = sorted(set(params) - set(state))
+        if missing:
+            raise KeyError(
+                f"missing weight(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} ({len(missing)} of "
+                f"{len(params)}); expected Hugging Face names such as 'model.layers.0.self_attn.q_proj.weight'"
+            )
+        unexpected = sorted(
+            k for k in set(state) - set(params) - tied_extra if not k.endswith("rotary_emb.inv_freq")
+        )
+        if unexpected:
+            raise KeyError(
+                f"unexpected weight(s) {unexpected[:5]} for a {self.config.family} model of this shape; "
+                f"expected names such as {sorted(params)[:3]}"
+            )
+        for name, p in params.items():
+            src = state[name]
+            if tuple(src.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"weight {name!r} has shape {tuple(src.shape)}; this model expects {tuple(p.shape)}"
+                )
+            p.copy_(src, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the source buffer may be reused as soon as we return
+        self.version = version
+
+    # ---- stats --------------------------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            waiting=len(self.scheduler.waiting),
+            running=len(self.scheduler.running),
+            kv_blocks_used=self.blocks.num_used,
+            kv_blocks_total=self.blocks.num_blocks,
+            tokens_generated=self.tokens_generated,
+            peak_kv_blocks=self.blocks.peak_used,
+            version=self.version,
+            num_preemptions=self.scheduler.num_preemptions,
+            block_size=self.block_size,
+        )
+
+    def reset_peak(self) -> None:
+        """Start a new peak window (the repack planner compares current KV use to this batch's peak)."""
+        self.blocks.reset_peak()

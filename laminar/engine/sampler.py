@@ -1,0 +1,167 @@
+"""Sampling with a per-request random stream that does not depend on the batch or the machine.
+
+Gumbel-max: token = argmax(logits / T + g), where g = -log(-log(u)) and u comes from a counter-based hash of
+(request key, position, token id). A request's key mixes its seed and id, so it carries the same stream to any
+engine, and rows never share state. The log-prob returned is of the sampled token under softmax(logits / T) (plain
+softmax when greedy), the quantity the trainer recomputes. On CUDA one Triton kernel reads each row of logits once
+(noise, argmax and log-sum-exp together); top-k/top-p rows take the torch path.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only install
+    triton = None
+
+M32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B9
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 (Wellons) on uint32 values held in int64; exact on any device."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & M32
+    return x ^ (x >> 16)
+
+
+def mix32_int(x: int) -> int:
+    x &= M32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & M32
+    return x ^ (x >> 16)
+
+
+def request_key(seed: int, request_id: str) -> int:
+    """Stable across processes (unlike hash()): the stream is a function of seed and id only."""
+    k = mix32_int(seed & M32)
+    k = mix32_int(k ^ (seed >> 32))
+    return mix32_int(k ^ zlib.crc32(request_id.encode()))
+
+
+def row_keys(request_keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[B] int64 key of each row's draw: request key mixed with the position being sampled."""
+    return mix32(request_keys ^ mix32(positions & M32))
+
+
+def gumbel(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, V] float32 Gumbel noise; u = (h >> 9 + 0.5) / 2^23 stays strictly inside (0, 1)."""
+    tok = (torch.arange(vocab, device=keys.device, dtype=torch.int64) * GOLDEN) & M32
+    h = mix32(keys[:, None] ^ tok[None, :])
+    u = ((h >> 9).float() + 0.5) * (2.0**-23)
+    return -torch.log(-torch.log(u))
+
+
+def _filter_top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """-inf outside each row's top-k and nucleus (always keeping the best token)."""
+    sorted_vals, order = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(scaled.shape[-1], device=scaled.device)[None, :]
+    drop = (top_k[:, None] > 0) & (rank >= top_k[:, None])
+    probs = sorted_vals.softmax(-1)
+    drop |= (probs.cumsum(-1) - probs) > top_p[:, None]
+    drop[:, 0] = False
+    mask = torch.zeros_like(drop).scatter_(1, order, drop)
+    return scaled.masked_fill(mask, float("-inf"))
+
+
+def sample_torch(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    keys: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference and CPU path. logits [B, V] float32 -> (tokens [B] int64, logprobs [B] float32)."""
+    greedy = temperature <= 0
+    scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
+    lse = torch.logsumexp(scaled, dim=-1)
+    if bool(greedy.all()):
+        tokens = scaled.argmax(-1)
+    else:
+        score = scaled
+        if bool(((top_k > 0) | (top_p < 1)).any()):
+            score = _filter_top_k_top_p(scaled, top_k, top_p)
+        noise = gumbel(keys, logits.shape[-1])
+        noise.masked_fill_(greedy[:, None], 0.0)
+        tokens = (score + noise).argmax(-1)
+    logprobs = scaled.gather(1, tokens[:, None])[:, 0] - lse
+    return tokens, logprobs
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    keys: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if logits.is_cuda and triton is not None and not bool(((top_k > 0) | (top_p < 1)).any()):
+        return sample_triton(logits, temperature, keys)
+    return sample_torch(logits, temperature, keys, top_k, top_p)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _mix32(x):
+        x = x ^ (x >> 16)
+        x = (x * 0x7FEB352D).to(tl.uint32)
+        x = x ^ (x >> 15)
+        x = (x * 0x846CA68B).to(tl.uint32)
+        return x ^ (x >> 16)
+
+    @triton.jit
+    def _sample_kernel(logits_ptr, stride, temp_ptr, key_ptr, tok_ptr, lp_ptr, vocab, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        t = tl.load(temp_ptr + row)
+        greedy = t <= 0.0
+        inv_t = tl.where(greedy, 1.0, 1.0 / t)
+        noise_on = tl.where(greedy, 0.0, 1.0)
+        key = tl.load(key_ptr + row).to(tl.uint32)
+        offs = tl.arange(0, BLOCK)
+        best = float("-inf")
+        best_idx = 0
+        m = float("-inf")
+        s = 0.0
+        for start in range(0, vocab, BLOCK):
+            idx = start + offs
+            mask = idx < vocab
+            x = (
+                tl.load(logits_ptr + row * stride + idx, mask=mask, other=float("-inf")).to(tl.float32)
+                * inv_t
+            )
+            m_new = tl.maximum(m, tl.max(x, 0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+            m = m_new
+            h = _mix32(key ^ (idx.to(tl.uint32) * 0x9E3779B9).to(tl.uint32))
+            u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+            g = -tl.log(-tl.log(u))
+            score = tl.where(mask, x + g * noise_on, float("-inf"))
+            blk_best = tl.max(score, 0)
+            blk_idx = tl.argmax(score, 0)
+            better = blk_best > best
+            best_idx = tl.where(better, start + blk_idx, best_idx)
+            best = tl.where(better, blk_best, best)
+        lse = m + tl.log(s)
+        x_tok = tl.load(logits_ptr + row * stride + best_idx).to(tl.float32) * inv_t
+        tl.store(tok_ptr + row, best_idx.to(tl.int64))
+        tl.store(lp_ptr + row, x_tok - lse)
+
+
+def sample_triton(
+    logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    bsz, vocab = logits.shape
+    tokens = torch.empty(bsz, dtype=torch.int64, device=logits.device)
+    logprobs = torch.empty(bsz, dtype=torch.float32, device=logits.device)
+    _sample_kernel[(bsz,)](logits, logits.stride(0), temperature, keys, tokens, logprobs, vocab, BLOCK=2048)
+    return tokens, logprobs

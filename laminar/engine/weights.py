@@ -1,0 +1,110 @@
+"""Weights as one flat byte buffer plus a small layout: what the relay moves and the engine maps without copies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ALIGN = 64  # each tensor starts on a 64-byte boundary so views are aligned for any dtype and vector loads
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+
+@dataclass(frozen=True)
+class WeightEntry:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # a key of DTYPES
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """Where each named tensor lives in the flat buffer; small and picklable, travels on the control plane."""
+
+    entries: tuple[WeightEntry, ...]
+    total_bytes: int
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries]
+
+    @classmethod
+    def of(cls, state_dict: dict[str, torch.Tensor]) -> WeightLayout:
+        entries, offset = [], 0
+        for name, t in state_dict.items():
+            dtype = str(t.dtype).removeprefix("torch.")
+            if dtype not in DTYPES:
+                raise TypeError(
+                    f"{name}: dtype {t.dtype} cannot be flattened; expected one of {sorted(DTYPES)}"
+                )
+            nbytes = t.numel() * t.element_size()
+            entries.append(WeightEntry(name, tuple(t.shape), dtype, offset, nbytes))
+            offset += -(-nbytes // ALIGN) * ALIGN
+        return cls(tuple(entries), offset)
+
+
+def flatten_state_dict(state_dict: dict[str, torch.Tensor]) -> tuple[WeightLayout, np.ndarray]:
+    """A fresh buffer holding every tensor; for the trainer side and tests."""
+    layout = WeightLayout.of(state_dict)
+    out = np.zeros(layout.total_bytes, dtype=np.uint8)
+    flatten_into(state_dict, layout, out)
+    return layout, out
+
+
+def flatten_into(state_dict: dict[str, torch.Tensor], layout: WeightLayout, out: np.ndarray) -> None:
+    """Write into a preallocated buffer (shared memory, pinned host memory) laid out by `layout`."""
+    if out.dtype != np.uint8 or out.ndim != 1 or out.size < layout.total_bytes:
+        raise ValueError(
+            f"out must be a 1-D uint8 buffer of >= {layout.total_bytes} bytes, got {out.dtype} {out.shape}"
+        )
+    dst = torch.from_numpy(out)
+    for e in layout.entries:
+        if e.name not in state_dict:
+            raise KeyError(f"state_dict has no {e.name!r}, which the layout expects")
+        src = state_dict[e.name].detach()
+        if tuple(src.shape) != e.shape:
+            raise ValueError(f"{e.name}: shape {tuple(src.shape)} does not match the layout's {e.shape}")
+        view = dst[e.offset : e.offset + e.nbytes].view(DTYPES[e.dtype]).view(e.shape)
+        view.copy_(src.to(DTYPES[e.dtype]))
+
+
+def unflatten(buffer: np.ndarray | torch.Tensor, layout: WeightLayout) -> dict[str, torch.Tensor]:
+    """Zero-copy tensor views into the buffer (they alias it: copy before the buffer is reused)."""
+    flat = buffer if isinstance(buffer, torch.Tensor) else torch.from_numpy(np.asarray(buffer))
+    if flat.dtype != torch.uint8 or flat.numel() < layout.total_bytes:
+        raise ValueError(
+            f"buffer must be uint8 with >= {layout.total_bytes} bytes, got {flat.dtype} {flat.numel()}"
+        )
+    return {
+        e.name: flat[e.offset : e.offset + e.nbytes].view(DTYPES[e.dtype]).view(e.shape)
+        for e in layout.entries
+    }
+
+
+def load_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face model directory's *.safetensors files (CPU, memory-mapped)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(
+            f"no *.safetensors in {path}: save the model with save_pretrained(..., safe_serialization=True)"
+        )
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
