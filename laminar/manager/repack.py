@@ -97,14 +97,32 @@ def _first_fit(candidates: list[_Bin], blocks: int, batch_limit_b: int) -> _Bin 
 
 
 def _pack_group(
-    bins: list[_Bin], order: Sequence[_Bin], choose: Choose, batch_limit_b: int, largest_first: bool
+    bins: list[_Bin],
+    order: Sequence[_Bin],
+    choose: Choose,
+    batch_limit_b: int,
+    largest_first: bool,
+    max_released: int,
 ) -> list[Move]:
-    """Try to empty each source in `order` onto the others; keep a source's moves only if all of them fit."""
+    """Try to empty each source in `order` onto the others; keep a source's moves only if all of them fit.
+
+    Free sequence slots and KV room summed over the other replicas bound what a source can shed, which
+    skips most hopeless sources without a trial (the simulator calls this for hundreds of replicas).
+    """
     moves: list[Move] = []
+    slots = sum(batch_limit_b - b.running for b in bins)
+    room = sum(max(0.0, b.kv_max - b.kv) for b in bins)
+    released = 0
     for source in order:
+        if released >= max_released:
+            break
         if source.received or source.released:
             continue
-        others = [b for b in bins if b is not source]
+        own_slots, own_room = batch_limit_b - source.running, max(0.0, source.kv_max - source.kv)
+        need = sum(blocks for _, blocks in source.requests)
+        if len(source.requests) > slots - own_slots or need > room - own_room:
+            continue
+        others = [b for b in bins if b is not source and not b.released and b.running < batch_limit_b]
         reqs = (
             sorted(source.requests, key=lambda r: (-r[1], r[0])) if largest_first else list(source.requests)
         )
@@ -118,6 +136,9 @@ def _pack_group(
             trial.append((request_id, blocks, dest))
         if len(trial) == len(reqs):
             source.released = True
+            released += 1
+            slots -= own_slots + len(reqs)
+            room -= own_room + need
             for request_id, _, dest in trial:
                 dest.received = True
                 moves.append(Move(request_id, source.replica, dest.replica))
@@ -142,28 +163,36 @@ def _plan(
     choose: Choose,
     sort_sources: bool,
     largest_first: bool,
+    max_released: int | None,
 ) -> RepackPlan:
     if batch_limit_b < 1:
         raise ValueError(f"batch_limit_b={batch_limit_b} must be >= 1")
     if not 0.0 < kv_capacity_frac <= 1.0:
         raise ValueError(f"kv_capacity_frac={kv_capacity_frac} must be in (0, 1]")
+    if max_released is not None and max_released < 0:
+        raise ValueError(f"max_released={max_released} must be >= 0 (or None for no limit)")
+    budget = len(list(loads)) if max_released is None else max_released
     groups: dict[int, list[ReplicaLoad]] = defaultdict(list)
     for r in sorted(idle_replicas(loads, batch_limit_b), key=lambda r: r.replica):
         groups[r.version].append(r)
     moves: list[Move] = []
     released: list[int] = []
     for version in sorted(groups):
-        if len(groups[version]) < 2:
+        if len(groups[version]) < 2 or len(released) >= budget:
             continue
         bins = _bins(groups[version], kv_capacity_frac)
         order = sorted(bins, key=lambda b: (b.kv, b.running, b.replica)) if sort_sources else bins
-        moves += _pack_group(bins, order, choose, batch_limit_b, largest_first)
+        moves += _pack_group(bins, order, choose, batch_limit_b, largest_first, budget - len(released))
         released += [b.replica for b in bins if b.released]
     return RepackPlan(tuple(moves), tuple(sorted(released)))
 
 
 def plan_repack(
-    loads: Iterable[ReplicaLoad], *, batch_limit_b: int, kv_capacity_frac: float = 0.9
+    loads: Iterable[ReplicaLoad],
+    *,
+    batch_limit_b: int,
+    kv_capacity_frac: float = 0.9,
+    max_released: int | None = None,
 ) -> RepackPlan:
     """Best-fit repack inside each weight-version group, maximising the replicas released.
 
@@ -174,14 +203,17 @@ def plan_repack(
     Best fit is not always optimal with two limits (KV and running count) and unequal replicas, so the
     planner also tries best fit on relative load and plain first fit and keeps the plan that releases the
     most replicas (then the fewest moves; then the first tried).
+
+    `max_released` caps the replicas freed (the manager passes how many it has prompts for): packing slows
+    the packed tails, which pays only when a freed GPU has new work. The newest versions' groups go last,
+    so the cap is spent on the oldest trajectories first.
     """
     loads = list(loads)
+    args = (loads, batch_limit_b, kv_capacity_frac)
     plans = [
-        _plan(loads, batch_limit_b, kv_capacity_frac, _best_fit, sort_sources=True, largest_first=True),
-        _plan(
-            loads, batch_limit_b, kv_capacity_frac, _best_fit_relative, sort_sources=True, largest_first=True
-        ),
-        plan_first_fit(loads, batch_limit_b=batch_limit_b, kv_capacity_frac=kv_capacity_frac),
+        _plan(*args, _best_fit, sort_sources=True, largest_first=True, max_released=max_released),
+        _plan(*args, _best_fit_relative, sort_sources=True, largest_first=True, max_released=max_released),
+        _plan(*args, _first_fit, sort_sources=False, largest_first=False, max_released=max_released),
     ]
     return max(plans, key=lambda p: (len(p.released), -len(p.moves)))
 
@@ -190,4 +222,12 @@ def plan_first_fit(
     loads: Iterable[ReplicaLoad], *, batch_limit_b: int, kv_capacity_frac: float = 0.9
 ) -> RepackPlan:
     """The simple baseline: sources by replica id, each request to the first replica that fits."""
-    return _plan(loads, batch_limit_b, kv_capacity_frac, _first_fit, sort_sources=False, largest_first=False)
+    return _plan(
+        loads,
+        batch_limit_b,
+        kv_capacity_frac,
+        _first_fit,
+        sort_sources=False,
+        largest_first=False,
+        max_released=None,
+    )

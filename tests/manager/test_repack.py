@@ -151,3 +151,13 @@ def test_random_cases_valid_deterministic_and_at_least_first_fit() -> None:
         assert len(plan.released) >= len(baseline.released)
         gained += len(plan.released) > len(baseline.released)
     assert gained > 0, "best fit never beat first fit: the random cases are too easy"
+
+
+def test_max_released_caps_the_plan() -> None:
+    loads = [_replica(i, [5], total=200) for i in range(6)] + [_replica(9, [50], total=200)]
+    assert len(plan_repack(loads, batch_limit_b=8).released) == 6
+    capped = plan_repack(loads, batch_limit_b=8, max_released=2)
+    _check_valid(loads, capped, 8)
+    assert len(capped.released) == 2
+    assert {m.source for m in capped.moves} == set(capped.released)
+    assert plan_repack(loads, batch_limit_b=8, max_released=0) == RepackPlan()
