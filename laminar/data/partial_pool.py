@@ -1,0 +1,135 @@
+"""The partial response pool: the in-flight frontier, so a trajectory can be moved or recovered with its progress."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from laminar.data.records import PromptGroup
+
+
+@dataclass
+class PartialTrajectory:
+    """What a trajectory has produced so far, where it runs, and under which version (which never changes)."""
+
+    traj_id: str
+    group_id: int
+    sample_idx: int
+    prompt_ids: list[int]
+    version: int
+    replica: int
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    restarts: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)  # sampling params (seed, temperature), group row
+
+
+class PartialPool:
+    """Keyed by traj_id. Rollouts stream progress in; the manager reads it back to move or recover work."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, PartialTrajectory] = {}
+        self.finished = 0
+        self.moved = 0
+        self.restarted = 0
+
+    def start(
+        self, group: PromptGroup, replica: int, version: int, meta: dict[str, Any] | None = None
+    ) -> None:
+        """Registers all n samples of a group on one replica at one version."""
+        for i in range(group.n):
+            tid = group.traj_id(i)
+            if tid in self.entries:
+                raise KeyError(
+                    f"partial pool: trajectory {tid} is already in flight on replica {self.entries[tid].replica}"
+                )
+            self.entries[tid] = PartialTrajectory(
+                traj_id=tid,
+                group_id=group.group_id,
+                sample_idx=i,
+                prompt_ids=list(group.prompt_ids),
+                version=version,
+                replica=replica,
+                meta=dict(meta or {}),
+            )
+
+    def _get(self, traj_id: str) -> PartialTrajectory:
+        try:
+            return self.entries[traj_id]
+        except KeyError:
+            raise KeyError(f"partial pool: trajectory {traj_id} is not in flight") from None
+
+    def append(self, traj_id: str, tokens: list[int], logprobs: list[float]) -> None:
+        if len(tokens) != len(logprobs):
+            raise ValueError(f"partial pool: {traj_id}: {len(tokens)} tokens but {len(logprobs)} log-probs")
+        e = self._get(traj_id)
+        e.response_ids.extend(tokens)
+        e.logprobs.extend(logprobs)
+
+    def progress(self, updates: dict[str, tuple[list[int], list[float]]]) -> None:
+        """One call per engine step (or a few) for a whole replica; unknown ids (already finished) are skipped."""
+        for tid, (tokens, logprobs) in updates.items():
+            if tid in self.entries:
+                self.append(tid, tokens, logprobs)
+
+    def finish(self, traj_id: str) -> PartialTrajectory | None:
+        """The trajectory reached the experience buffer; drop it from the frontier."""
+        e = self.entries.pop(traj_id, None)
+        if e is not None:
+            self.finished += 1
+        return e
+
+    def move(self, traj_id: str, replica: int) -> None:
+        """Repack or recovery placed it on another replica (of the same version)."""
+        e = self._get(traj_id)
+        if e.replica != replica:
+            e.replica = replica
+            self.moved += 1
+
+    def restart(self, traj_id: str, replica: int, version: int) -> None:
+        """No replica of its version is left: it starts over from its prompt, counted as a restart."""
+        e = self._get(traj_id)
+        e.response_ids, e.logprobs = [], []
+        e.replica, e.version = replica, version
+        e.restarts += 1
+        self.restarted += 1
+
+    def get(self, traj_id: str) -> PartialTrajectory:
+        return copy.deepcopy(self._get(traj_id))
+
+    def on_replica(self, replica: int) -> list[PartialTrajectory]:
+        """Everything in flight on one replica, e.g. a dead one's work to recover."""
+        return [copy.deepcopy(e) for e in self.entries.values() if e.replica == replica]
+
+    def group_ids(self) -> set[int]:
+        return {e.group_id for e in self.entries.values()}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, traj_id: str) -> bool:
+        return traj_id in self.entries
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "in_flight": len(self.entries),
+            "tokens": sum(len(e.response_ids) for e in self.entries.values()),
+            "finished": self.finished,
+            "moved": self.moved,
+            "restarted": self.restarted,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "entries": [asdict(e) for e in self.entries.values()],
+            "counters": {"finished": self.finished, "moved": self.moved, "restarted": self.restarted},
+        }
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        self.entries = {e["traj_id"]: PartialTrajectory(**copy.deepcopy(e)) for e in snap["entries"]}
+        for k, v in snap["counters"].items():
+            setattr(self, k, v)
+
+    state_dict = snapshot
+    load_state_dict = restore

@@ -1,0 +1,280 @@
+"""The trainer: a Hugging Face policy, AdamW and the GRPO step; plain Python (the runtime wraps it in an actor)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from laminar.data.records import Trajectory
+from laminar.trainer.grpo import GRPOConfig, group_advantages, grpo_loss, token_logprobs
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+@dataclass
+class TrainerConfig:
+    model_path: str = ""
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_size: int = 32  # sequences per forward/backward; memory, not maths
+    mini_batches: int = 1  # optimizer updates per train_step (version still counts train_steps)
+    seed: int = 0
+    threads: int = 1
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.grpo, dict):
+            self.grpo = GRPOConfig(**self.grpo)
+        for name in ("lr", "micro_batch_size", "mini_batches", "threads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"trainer.{name}={getattr(self, name)}: must be > 0")
+
+
+class ModelPathError(FileNotFoundError):
+    """The model path is not a loadable Hugging Face model directory; the message says what is missing."""
+
+
+def check_model_dir(path: str | Path) -> Path:
+    path = Path(path)
+    hint = "a Hugging Face model directory with config.json and model.safetensors (make the demo's with `laminar warmup --out DIR`)"
+    if not str(path):
+        raise ModelPathError(f"no model path given; expected {hint}")
+    if not path.exists():
+        raise ModelPathError(f"model path {path} does not exist; expected {hint}")
+    if not path.is_dir():
+        raise ModelPathError(f"model path {path} is a file; pass the directory that holds it, i.e. {hint}")
+    have = sorted(p.name for p in path.iterdir())
+    if not (path / "config.json").is_file():
+        raise ModelPathError(f"model path {path} has no config.json (has {have}); expected {hint}")
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise ModelPathError(
+            f"model path {path} has config.json but no weights: none of {list(WEIGHT_FILES)} (has {have})"
+        )
+    return path
+
+
+def load_policy(path: str | Path) -> PreTrainedModel:
+    model = AutoModelForCausalLM.from_pretrained(check_model_dir(path), dtype=torch.float32)
+    return model.train()
+
+
+def _ties_embeddings(model: PreTrainedModel) -> bool:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return bool(getattr(cfg, "tie_word_embeddings", False))
+
+
+class Trainer:
+    """Holds the policy and optimizer; `version` is the number of train steps taken, i.e. the weights' version."""
+
+    def __init__(self, cfg: TrainerConfig, model: PreTrainedModel | None = None) -> None:
+        torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.cfg = cfg
+        self.model = (model if model is not None else load_policy(cfg.model_path)).float().train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
+        self.ref_model = None
+        if cfg.grpo.kl_coef > 0:
+            self.ref_model = type(self.model)(self.model.config).eval()
+            self.ref_model.load_state_dict(self.model.state_dict())
+            self.ref_model.requires_grad_(False)
+        self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+        self.version = 0
+
+    # ---- the step -------------------------------------------------------------------------------------------
+
+    def train_step(self, groups: list[list[Trajectory]]) -> dict[str, float]:
+        """One GRPO step on complete groups; returns metrics. Staleness is measured against the version the
+        trainer holds when it consumes the data (before this step's update)."""
+        t0 = time.perf_counter()
+        for g in groups:
+            for t in g:
+                if len(t.logprobs) != len(t.response_ids):
+                    raise ValueError(
+                        f"trajectory {t.traj_id}: {len(t.logprobs)} log-probs for {len(t.response_ids)} response tokens"
+                    )
+        advs = group_advantages([[t.reward for t in g] for g in groups], self.cfg.grpo.adv_eps)
+        trajs = [t for g in groups for t in g]
+        adv_of = [a for ga in advs for a in ga]
+        proximal = None
+        if self.cfg.grpo.proximal == "trainer":
+            proximal = self._logprobs_no_grad(self.model, trajs)
+        ref = self._logprobs_no_grad(self.ref_model, trajs) if self.ref_model is not None else None
+
+        sums: dict[str, float] = {}
+        losses, grad_norms = [], []
+        for mb in np.array_split(np.arange(len(trajs)), self.cfg.mini_batches):
+            mb = mb.tolist()
+            if not mb:
+                continue
+            num_tokens = sum(len(trajs[i].response_ids) for i in mb)
+            self.optimizer.zero_grad(set_to_none=True)
+            mb_loss = 0.0
+            for start in range(0, len(mb), self.cfg.micro_batch_size):
+                idx = mb[start : start + self.cfg.micro_batch_size]
+                batch = self._collate([trajs[i] for i in idx], [adv_of[i] for i in idx])
+                logp = self._forward_logprobs(self.model, batch)
+                loss, m = grpo_loss(
+                    logp,
+                    batch["behaviour"],
+                    batch["advantages"],
+                    batch["mask"],
+                    self.cfg.grpo,
+                    num_tokens,
+                    proximal=self._pad_like([proximal[i] for i in idx], batch) if proximal else None,
+                    ref_logp=self._pad_like([ref[i] for i in idx], batch) if ref else None,
+                )
+                loss.backward()
+                mb_loss += loss.detach().item()
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + v
+            grad_norms.append(
+                float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+            )
+            self.optimizer.step()
+            losses.append(mb_loss)
+
+        staleness = [self.version - t.version for t in trajs]
+        rewards = [t.reward for t in trajs]
+        n_tok = max(sums.get("tokens", 0.0), 1.0)
+        self.version += 1
+        return {
+            "version": self.version,
+            "loss": float(np.mean(losses)) if losses else 0.0,
+            "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
+            "reward_mean": float(np.mean(rewards)),
+            "reward_std": float(np.std(rewards)),
+            "groups": len(groups),
+            "trajectories": len(trajs),
+            "tokens": sum(t.num_tokens for t in trajs),
+            "response_tokens": sum(len(t.response_ids) for t in trajs),
+            "response_len_mean": float(np.mean([len(t.response_ids) for t in trajs])),
+            "staleness_mean": float(np.mean(staleness)),
+            "staleness_max": int(max(staleness)),
+            "clip_frac": sums.get("clip_frac_sum", 0.0) / n_tok,
+            "ratio_mean": sums.get("ratio_sum", 0.0) / n_tok,
+            "is_weight_mean": sums.get("is_weight_sum", 0.0) / n_tok,
+            "is_masked_frac": sums.get("is_masked_sum", 0.0) / n_tok,
+            "logprob_mismatch_abs": sums.get("mismatch_abs_sum", 0.0) / n_tok,
+            "logprob_mismatch_kl": sums.get("mismatch_kl_sum", 0.0) / n_tok,
+            "step_time_s": time.perf_counter() - t0,
+        }
+
+    # ---- batching -------------------------------------------------------------------------------------------
+
+    def _collate(self, trajs: list[Trajectory], advs: list[float] | None = None) -> dict[str, torch.Tensor]:
+        """Right-padded [B, L] ids; the other tensors are [B, L-1], aligned with next-token predictions."""
+        seqs = [t.prompt_ids + t.response_ids for t in trajs]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        mask = torch.zeros((len(seqs), width - 1))
+        behaviour = torch.zeros((len(seqs), width - 1))
+        adv = torch.zeros((len(seqs), width - 1))
+        for b, (t, s) in enumerate(zip(trajs, seqs)):
+            ids[b, : len(s)] = torch.tensor(s)
+            attn[b, : len(s)] = 1
+            p, r = len(t.prompt_ids), len(t.response_ids)
+            mask[b, p - 1 : p - 1 + r] = 1.0
+            behaviour[b, p - 1 : p - 1 + r] = torch.tensor(t.logprobs, dtype=torch.float32)
+            if advs is not None:
+                adv[b, p - 1 : p - 1 + r] = advs[b]
+        return {"ids": ids, "attn": attn, "mask": mask, "behaviour": behaviour, "advantages": adv}
+
+    @staticmethod
+    def _pad_like(rows: list[torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = torch.zeros_like(batch["mask"])
+        for b, r in enumerate(rows):
+            out[b, : len(r)] = r
+        return out
+
+    def _forward_logprobs(self, model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits[:, :-1]
+        return token_logprobs(logits, batch["ids"][:, 1:], self.cfg.grpo.temperature)
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, model: PreTrainedModel, trajs: list[Trajectory]) -> list[torch.Tensor]:
+        """Per trajectory, the log-probs over [0, p-1+r) so they line up with `_collate`'s time axis."""
+        out: list[torch.Tensor] = []
+        for start in range(0, len(trajs), self.cfg.micro_batch_size):
+            chunk = trajs[start : start + self.cfg.micro_batch_size]
+            logp = self._forward_logprobs(model, self._collate(chunk))
+            out += [logp[b, : t.num_tokens - 1].clone() for b, t in enumerate(chunk)]
+        return out
+
+    def response_logprobs(self, trajs: list[Trajectory]) -> list[list[float]]:
+        """The current policy's log-probs of each trajectory's response tokens (for checks and evaluation)."""
+        rows = self._logprobs_no_grad(self.model, trajs)
+        return [r[len(t.prompt_ids) - 1 :].tolist() for r, t in zip(rows, trajs)]
+
+    # ---- weights and checkpoints ----------------------------------------------------------------------------
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """The HF state_dict to publish, with the keys `save_pretrained` writes: when embeddings are tied,
+        `lm_head.weight` is left out (it is `model.embed_tokens.weight`) and loaders re-tie it. The tensors are
+        live views, valid until the next `train_step`; copy them out before training on."""
+        sd = self.model.state_dict()
+        if _ties_embeddings(self.model):
+            sd.pop("lm_head.weight", None)
+        return {k: v.detach() for k, v in sd.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": {k: v.clone() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+
+    def save_checkpoint(self, out: str | Path) -> Path:
+        """`out` becomes a loadable HF model dir (config, safetensors) plus optimizer, RNG and step."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        state = self.state_dict()
+        torch.save({"optimizer": state["optimizer"], "rng": state["rng"]}, out / "trainer_state.pt")
+        meta = {"version": self.version, "config": asdict(self.cfg)}
+        (out / "trainer_state.json").write_text(json.dumps(meta, indent=2, default=str))
+        return out
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        path = check_model_dir(path)
+        for name in ("trainer_state.pt", "trainer_state.json"):
+            if not (path / name).is_file():
+                raise ModelPathError(
+                    f"checkpoint {path} has no {name}; it is a model dir, not a trainer checkpoint"
+                )
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        extra = torch.load(path / "trainer_state.pt", weights_only=False)
+        meta = json.loads((path / "trainer_state.json").read_text())
+        self.load_state_dict(
+            {
+                "model": model.state_dict(),
+                "optimizer": extra["optimizer"],
+                "version": meta["version"],
+                "rng": extra["rng"],
+            }
+        )
