@@ -1,0 +1,78 @@
+"""`laminar simulate`: run schedules on the simulated cluster, plan a layout, or reproduce the paper's grid."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+from pathlib import Path
+
+from laminar.sim.config import SCHEDULES, load_config
+from laminar.sim.cost import CostModel
+from laminar.sim.experiment import bench, paper_experiment, plan, run_many
+from laminar.sim.plots import plot_runs
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="laminar simulate", description=__doc__)
+    p.add_argument("--config", help="YAML file of SimConfig fields (nested `lengths:` and `cost:`)")
+    p.add_argument("--out", default="runs/sim", help="directory for summary.json and plots")
+    p.add_argument("--schedule", default="all", help=f"comma list or 'all' of: {', '.join(SCHEDULES)}")
+    p.add_argument("--gpus", type=int)
+    p.add_argument("--model", help="0.5B, 7B, 32B or 72B")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--workers", type=int, default=2, help="processes for many runs")
+    p.add_argument(
+        "--plan", action="store_true", help="recommend the trainer/rollout split for --gpus/--model"
+    )
+    p.add_argument("--paper", action="store_true", help="the paper's grid: 64..1024 GPUs x 7B/32B/72B")
+    p.add_argument("--bench", action="store_true", help="time 100 steps of a 1024-GPU simulation")
+    return p
+
+
+def measured_cost(base: CostModel) -> CostModel:
+    """Constants measured by our engine/relay benchmarks, when they have written results/engine-*.json."""
+    for path in sorted(glob.glob("results/engine-*.json")):
+        base = CostModel.from_measurements(path, base)
+    return base
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    cfg = load_config(args.config, gpus=args.gpus, model=args.model, steps=args.steps)
+    cfg = cfg.with_(cost=measured_cost(cfg.cost))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.bench:
+        result = bench(cfg)
+        (out / "bench.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result, indent=1))
+    elif args.plan:
+        result = plan(cfg, args.workers)
+        (out / "plan.json").write_text(json.dumps(result, indent=1))
+        best = result["recommended"]
+        print(
+            f"{cfg.gpus} GPUs, {cfg.model}: trainer {best['trainer_gpus']} GPUs, "
+            f"{best['rollout_replicas']} rollout replicas x TP{best['rollout_tp']} "
+            f"({best['training_throughput']:,.0f} tokens/s simulated)"
+        )
+        for row in result["candidates"]:
+            print(
+                f"  trainer {row['trainer_gpus']:5d}  replicas {row['rollout_replicas']:5d}  "
+                f"{row['training_throughput']:12,.0f} tok/s  trainer busy {row['trainer_busy']:.2f}"
+            )
+    elif args.paper:
+        paper_experiment(out, cfg, workers=args.workers)
+        print((out / "speedup.md").read_text())
+    else:
+        names = SCHEDULES if args.schedule == "all" else tuple(args.schedule.split(","))
+        summaries = run_many([cfg.with_(schedule=s) for s in names], args.workers)
+        (out / "summary.json").write_text(json.dumps(summaries, indent=1))
+        plot_runs(summaries, out / "schedules.png")
+        for s in summaries:
+            print(
+                f"{s['schedule']:>20}: {s['training_throughput']:12,.0f} tok/s  step {s['step_time_s']:7.1f} s  "
+                f"GPU busy {s['gpu_utilisation']:.2f}  staleness {s['staleness']['mean']:.2f}"
+            )
+        print(f"wrote {out / 'summary.json'} and {out / 'schedules.png'}")
+    return 0

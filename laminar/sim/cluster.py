@@ -1,0 +1,315 @@
+"""The simulated cluster: the event clock and the parts every schedule shares.
+
+Parts, as in the runtime: rollout replicas, the prompt pool (a group counter plus the length sampler), the
+experience buffer (complete groups, oldest version first), the trainer, and the weight paths (a global GPU
+broadcast for the baselines, publish + relay chain + pull for Laminar). A schedule (`laminar.sim.schedules`)
+decides who gets prompts and when weights move; the cluster does the bookkeeping and the accounting.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from laminar.sim.config import SimConfig
+from laminar.sim.lengths import LengthSampler
+from laminar.sim.replica import Busy, Group, Replica, Traj
+
+
+class Schedule(Protocol):
+    staleness_bound: int | None
+
+    def start(self) -> None: ...
+    def on_traj_done(self, traj: Traj, replica: Replica) -> None: ...
+    def on_group_done(self, group: Group) -> None: ...
+    def on_drained(self, replica: Replica) -> None: ...
+    def on_trained(self, version: int) -> None: ...
+    def on_failure(self, machine: int) -> None: ...
+
+
+@dataclass
+class TrainerTime:
+    train: float = 0.0
+    weights: float = 0.0  # publish stall (Laminar) or its share of a global broadcast (baselines)
+    restart: float = 0.0
+
+
+@dataclass
+class Record:
+    """What a run measured; `laminar.sim.metrics.summarise` turns it into the report."""
+
+    step_end: list[float] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)
+    step_response_tokens: list[int] = field(default_factory=list)
+    staleness: Counter = field(default_factory=Counter)  # trajectories by (trainer version - their version)
+    max_versions_per_traj: int = 1
+    reprefill_tokens: float = 0.0
+    finished: int = 0
+    consumed: int = 0
+    repacks: int = 0
+    moved: int = 0
+    released: int = 0
+    repack_plan_s: float = 0.0
+    recovered: int = 0
+    restarted: int = 0
+    dropped: int = 0
+    weight_updates: int = 0
+    window_start: dict[str, Any] = field(default_factory=dict)
+
+
+class Cluster:
+    """Holds the state; `run()` drives the event loop until the trainer has made `cfg.steps` steps."""
+
+    def __init__(self, cfg: SimConfig, *, audit: bool = False) -> None:
+        self.cfg, self.cost, self.spec = cfg, cfg.cost, cfg.spec
+        self.now = 0.0
+        self._events: list[tuple[float, int, Callable[[Any, float], None], Any]] = []
+        self._seq = itertools.count()
+        self.lengths = LengthSampler(cfg.lengths, cfg.group_size, cfg.groups_per_step, cfg.seed)
+        cost, spec = self.cost, self.spec
+        decode_base = [cost.decode_base_s(spec, n) for n in range(cost.max_num_seqs + 1)]
+        per_token = cost.decode_per_context_token_s(spec)
+        kv_capacity = cost.kv_capacity_tokens(spec)
+        per_machine = max(1, cost.gpus_per_machine // spec.rollout_tp)
+        self.replicas = [
+            Replica(
+                rid,
+                rid // per_machine,
+                decode_base=decode_base,
+                per_token_s=per_token,
+                prefill_s=lambda tokens: cost.prefill_s(spec, tokens),
+                kv_capacity=kv_capacity,
+                max_seqs=cost.max_num_seqs,
+                schedule_event=self.at,
+                on_finish=self._on_finish,
+                on_drained=self._on_drained,
+            )
+            for rid in range(cfg.rollout_replicas)
+        ]
+        self.machines = self.replicas[-1].machine + 1
+        self.trainer_gpus = cfg.gpus if cfg.schedule == "verl" else cfg.trainer_gpus
+        self.rollout_gpus = len(self.replicas) * spec.rollout_tp
+        self.schedule: Schedule | None = None
+        # prompt pool and experience buffer
+        self.next_gid = 0
+        self._next_tid = 0
+        self.buffer: list[tuple[int, int, Group]] = []
+        self.unconsumed: Counter = Counter()  # groups dispatched and not yet trained, by version
+        self.n_unconsumed = 0
+        # trainer
+        self.version = 0
+        self.training = False
+        self.train_end = 0.0
+        self.trainer_free_at = 0.0
+        self.trainer_time = TrainerTime()
+        self.record = Record()
+        self.audit = audit
+        self.finish_count: Counter = Counter()
+        self.consume_count: Counter = Counter()
+        self.drop_count: Counter = Counter()
+        self.versions_seen: list[int] = []
+        self.version_pushed = 0
+
+    # ---- clock -------------------------------------------------------------------------------------------
+
+    def at(self, t: float, fn: Callable[[Any, float], None], arg: Any = None) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), fn, arg))
+
+    def run(self, schedule: Schedule) -> Record:
+        self.schedule = schedule
+        for failure in self.cfg.failures:
+            self.at(failure.time_s, lambda m, now: schedule.on_failure(m), failure.machine)
+        schedule.start()
+        events, steps, limit = self._events, self.cfg.steps, self.cfg.max_sim_time_s
+        while events and self.version < steps:
+            t, _, fn, arg = heapq.heappop(events)
+            if t > limit:
+                raise RuntimeError(f"simulated time passed max_sim_time_s={limit} at version {self.version}")
+            self.now = t
+            fn(arg, t)
+        if self.version < steps:
+            raise RuntimeError(f"{self.cfg.schedule}: no events left at version {self.version} (deadlock)")
+        for r in self.replicas:
+            r.advance(self.now)
+        return self.record
+
+    # ---- prompt pool -------------------------------------------------------------------------------------
+
+    def new_group(self, version: int) -> Group:
+        prompt, lengths = self.lengths.group(self.next_gid)
+        group = Group(self.next_gid, version, pending=len(lengths))
+        self.next_gid += 1
+        for length in lengths:
+            group.trajs.append(Traj(self._next_tid, group, prompt, length, version, t_start=self.now))
+            self._next_tid += 1
+        self.unconsumed[version] += 1
+        self.n_unconsumed += 1
+        return group
+
+    def dispatch(self, replica: Replica, groups: int) -> None:
+        """Give `replica` that many new prompt groups, generated with its current version."""
+        if groups <= 0:
+            return
+        trajs = [t for _ in range(groups) for t in self.new_group(replica.version).trajs]
+        replica.add(trajs, self.now)
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.alive]
+
+    # ---- replica callbacks -------------------------------------------------------------------------------
+
+    def _on_finish(self, traj: Traj, replica: Replica) -> None:
+        self.record.finished += 1
+        self.record.reprefill_tokens += traj.reprefill
+        if traj.versions > self.record.max_versions_per_traj:
+            self.record.max_versions_per_traj = traj.versions
+        if self.audit:
+            self.finish_count[traj.tid] += 1
+        group = traj.group
+        group.pending -= 1
+        assert self.schedule is not None
+        self.schedule.on_traj_done(traj, replica)
+        if group.pending == 0:
+            group.t_done = self.now
+            heapq.heappush(self.buffer, (group.version, group.gid, group))
+            self.schedule.on_group_done(group)
+
+    def _on_drained(self, replica: Replica) -> None:
+        assert self.schedule is not None
+        self.schedule.on_drained(replica)
+
+    # ---- trainer -----------------------------------------------------------------------------------------
+
+    def try_train(self, *_: Any) -> bool:
+        """Start a trainer step on the oldest complete groups if a global batch is there and the staleness
+        bound (if any) allows: stepping past version v + k with a group of version v unconsumed would break it."""
+        g = self.cfg.groups_per_step
+        if self.training or self.now < self.trainer_free_at or len(self.buffer) < g:
+            return False
+        assert self.schedule is not None
+        batch = [heapq.heappop(self.buffer) for _ in range(g)]
+        k = self.schedule.staleness_bound
+        if k is not None:
+            left = Counter(self.unconsumed)
+            left.subtract(v for v, _, _ in batch)
+            left.subtract(v for v, _, _ in self.buffer)  # complete ones: dropped below if over-stale
+            oldest = min((v for v, c in left.items() if c > 0), default=self.version + 1)
+            if oldest < self.version + 1 - k:
+                for item in batch:
+                    heapq.heappush(self.buffer, item)
+                return False
+        self.training = True
+        self.record.dropped += self._drop_over_stale(k)
+        tokens = response = 0
+        for v, _, group in batch:
+            self.unconsumed[v] -= 1
+            self.n_unconsumed -= 1
+            self.record.staleness[self.version - v] += len(group.trajs)
+            self.record.consumed += len(group.trajs)
+            for t in group.trajs:
+                tokens += t.prompt + t.target
+                response += t.target
+                if self.audit:
+                    self.consume_count[t.tid] += 1
+        seconds = self.cost.train_s(self.spec, tokens, self.trainer_gpus)
+        self.trainer_time.train += seconds
+        self.train_end = self.now + seconds
+        self.at(self.now + seconds, self._trained, (tokens, response))
+        return True
+
+    def _drop_over_stale(self, k: int | None) -> int:
+        """Complete groups that missed this batch and would exceed the bound after it are dropped (counted);
+        the admission rule of the bounded schedules makes this rare."""
+        if k is None:
+            return 0
+        dropped = 0
+        while self.buffer and self.buffer[0][0] < self.version + 1 - k:
+            v, _, group = heapq.heappop(self.buffer)
+            self.unconsumed[v] -= 1
+            self.n_unconsumed -= 1
+            dropped += len(group.trajs)
+            if self.audit:
+                self.drop_count.update(t.tid for t in group.trajs)
+        return dropped
+
+    def _trained(self, arg: tuple[int, int], now: float) -> None:
+        self.training = False
+        self.trainer_free_at = max(self.trainer_free_at, now)
+        self.version += 1
+        self.versions_seen.append(self.version)
+        self.record.step_end.append(now)
+        self.record.step_tokens.append(arg[0])
+        self.record.step_response_tokens.append(arg[1])
+        if self.version == self.cfg.warmup_steps:
+            self._snapshot()
+        assert self.schedule is not None
+        self.schedule.on_trained(self.version)
+
+    def trainer_stall(self, seconds: float, kind: str = "weights") -> None:
+        """The trainer cannot train for `seconds` from now (or from the end of its current step)."""
+        if seconds <= 0:
+            return
+        base = max(self.trainer_free_at, self.now, self.train_end if self.training else 0.0)
+        self.trainer_free_at = base + seconds
+        setattr(self.trainer_time, kind, getattr(self.trainer_time, kind) + seconds)
+        self.at(self.trainer_free_at, self.try_train)
+
+    # ---- weights -----------------------------------------------------------------------------------------
+
+    def global_push(self, version: int, then: Callable[[], None] | None = None, replicas=None) -> float:
+        """The baselines' weight update: one GPU collective from the trainer to every rollout; the trainer
+        and the rollouts all pause for it. Returns its duration."""
+        seconds = self.cost.global_broadcast_s(self.spec, self.rollout_gpus)
+        self.trainer_stall(seconds)
+        for r in self.live() if replicas is None else replicas:
+            r.advance(self.now)
+            r.stall(self.now, seconds, "weights")
+            r.version = version
+            r.reschedule(self.now)
+        self.record.weight_updates += 1
+        self.version_pushed = version
+        if then is not None:
+            self.at(self.now + seconds, lambda _, now: then())
+        return seconds
+
+    def pause(self, replicas: list[Replica], seconds: float, kind: str) -> None:
+        for r in replicas:
+            r.advance(self.now)
+            r.stall(self.now, seconds, kind)
+            r.reschedule(self.now)
+
+    def global_restart(self) -> None:
+        """A baseline loses a machine: the whole job restarts from its checkpoint and in-flight work is lost."""
+        self.trainer_stall(self.cost.job_restart_s, "restart")
+        for r in self.live():
+            trajs = r.take_all(self.now)
+            for t in trajs:
+                self.record.restarted += t.generated > 0
+                t.generated = 0.0
+            r.stall(self.now, self.cost.job_restart_s, "weights")
+            r.add(trajs, self.now)
+
+    def pull(self, replica: Replica, version: int) -> None:
+        """A rollout copies a version from its machine's relay to its GPUs (between batches only)."""
+        replica.advance(self.now)
+        replica.stall(self.now, self.cost.pull_s(self.spec, self.cfg.relay_pinned), "weights")
+        replica.version = version
+        self.record.weight_updates += 1
+
+    # ---- measures ----------------------------------------------------------------------------------------
+
+    def _snapshot(self) -> None:
+        """Accumulators at the end of warm-up, so the report covers only the measured window."""
+        for r in self.replicas:
+            r.advance(self.now)
+        self.record.window_start = {
+            "time": self.now,
+            "busy": [Busy(**{k: getattr(r.busy, k) for k in Busy.__slots__}) for r in self.replicas],
+            "trainer": TrainerTime(**vars(self.trainer_time)),
+            "reprefill": self.record.reprefill_tokens,
+            "repacks": (self.record.repacks, self.record.moved, self.record.released),
+        }

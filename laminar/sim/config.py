@@ -1,0 +1,121 @@
+"""Typed configuration of one simulated run, loaded from YAML and validated with errors that name the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from laminar.sim.cost import MODELS, CostModel
+from laminar.sim.lengths import LengthConfig
+
+SCHEDULES = (
+    "sync",
+    "verl",
+    "one_step",
+    "stream",
+    "partial",
+    "laminar",
+    "laminar_no_repack",
+    "laminar_global_push",
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Machine `machine` (0-based among rollout machines) dies at `time_s`."""
+
+    time_s: float
+    machine: int
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    schedule: str = "laminar"
+    gpus: int = 64
+    model: str = "7B"
+    trainer_frac: float = 0.25  # share of GPUs given to the trainer (ignored by the colocated `verl`)
+    groups_per_step: int = 512  # prompts per global batch (the paper: 512)
+    group_size: int = 16  # samples per prompt (the paper: 16)
+    steps: int = 100  # trainer steps to simulate
+    warmup_steps: int = 3  # steps left out of the throughput window
+    staleness_k: int = 4  # stream / partial: most versions a consumed trajectory may lag
+    max_ahead_batches: float = 2.0  # laminar: groups dispatched and not yet trained, in global batches
+    replica_fill: float = 1.0  # laminar: a replica's prompt batch fills this share of max_num_seqs
+    repack_interval_s: float = 5.0
+    repack_kv_frac: float = 0.9
+    repack_batch_limit: int = 0  # B; 0 = from the cost model
+    relay_pinned: bool = True
+    seed: int = 0
+    failures: tuple[Failure, ...] = ()
+    max_sim_time_s: float = 1e7
+    lengths: LengthConfig = field(default_factory=LengthConfig)
+    cost: CostModel = field(default_factory=CostModel)
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r}; valid: {', '.join(SCHEDULES)}")
+        if self.model not in MODELS:
+            raise ValueError(f"model={self.model!r}; valid: {', '.join(MODELS)}")
+        tp = MODELS[self.model].rollout_tp
+        if self.gpus < 2 * tp:
+            raise ValueError(
+                f"gpus={self.gpus} is too few for model {self.model} (rollout TP {tp}): need >= {2 * tp}"
+            )
+        if not 0.0 < self.trainer_frac < 1.0:
+            raise ValueError(f"trainer_frac={self.trainer_frac} must be in (0, 1)")
+        for name in ("groups_per_step", "group_size", "steps", "staleness_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be < steps={self.steps}")
+        if self.max_ahead_batches < 1.0:
+            raise ValueError(f"max_ahead_batches={self.max_ahead_batches} must be >= 1")
+
+    @property
+    def spec(self):
+        return MODELS[self.model]
+
+    @property
+    def trainer_gpus(self) -> int:
+        """Whole machines' worth of GPUs when possible, at least one rollout replica left."""
+        tp = self.spec.rollout_tp
+        t = max(1, round(self.gpus * self.trainer_frac))
+        return min(t, self.gpus - tp)
+
+    @property
+    def rollout_replicas(self) -> int:
+        if self.schedule == "verl":
+            return self.gpus // self.spec.rollout_tp
+        return (self.gpus - self.trainer_gpus) // self.spec.rollout_tp
+
+    def with_(self, **changes: Any) -> SimConfig:
+        return replace(self, **changes)
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    known = {f.name: f for f in fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            raise ValueError(f"{where}{key}: unknown field; valid: {', '.join(known)}")
+        default = getattr(cls(), key) if key in ("lengths", "cost") else None
+        if is_dataclass(default) and isinstance(value, dict):
+            value = _build(type(default), value, f"{where}{key}.")
+        elif key == "failures":
+            value = tuple(Failure(**f) for f in value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> SimConfig:
+    """A `SimConfig` from a YAML file (nested `lengths:` and `cost:` sections), then keyword overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return _build(SimConfig, data, "")

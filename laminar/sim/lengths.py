@@ -1,0 +1,93 @@
+"""Prompt and response lengths of the simulated workload.
+
+Every schedule must see the same workload, so a group's lengths depend only on (seed, group index): the
+samples are drawn in fixed blocks of groups from a generator seeded by the block number. Samples of one group
+share a per-prompt difficulty factor (long problems have long answers for every sample), which is what makes a
+group's slowest sample, not the average one, set its completion time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+KINDS = ("dapo", "lognormal", "pareto", "empirical", "constant")
+_BLOCK = 256  # groups per generator block
+
+
+@dataclass(frozen=True)
+class LengthConfig:
+    """`kind` picks the response-length law; `median`, `p99_over_median`, `pareto_alpha` shape it."""
+
+    kind: str = "dapo"
+    prompt_median: int = 400
+    prompt_max: int = 2048
+    median: float = 1600.0  # response tokens at the start of training
+    p99_over_median: float = 10.0
+    max_response: int = 16384
+    pareto_alpha: float = 1.5
+    group_corr: float = 0.3  # share of log-length variance common to a group's samples
+    drift_per_step: float = 0.005  # relative growth of the median per trainer step (responses lengthen)
+    drift_cap: float = 1.5
+    empirical_path: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"lengths.kind={self.kind!r}; valid: {', '.join(KINDS)}")
+        if self.kind == "empirical" and not self.empirical_path:
+            raise ValueError("lengths.empirical_path is required when lengths.kind='empirical'")
+        if not 0.0 <= self.group_corr <= 1.0:
+            raise ValueError(f"lengths.group_corr={self.group_corr} must be in [0, 1]")
+
+
+class LengthSampler:
+    """Deterministic (prompt_len, response_lens) per group index."""
+
+    def __init__(self, cfg: LengthConfig, group_size: int, groups_per_step: int, seed: int = 0) -> None:
+        self.cfg, self.n, self.groups_per_step, self.seed = cfg, group_size, groups_per_step, seed
+        self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._empirical = _load_empirical(cfg.empirical_path) if cfg.kind == "empirical" else None
+
+    def group(self, index: int) -> tuple[int, list[int]]:
+        block, row = divmod(index, _BLOCK)
+        if block not in self._blocks:
+            self._blocks[block] = self._draw(block)
+        prompts, responses = self._blocks[block]
+        return int(prompts[row]), responses[row].tolist()
+
+    def _draw(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        cfg = self.cfg
+        rng = np.random.default_rng([self.seed, block])
+        prompts = np.clip(rng.lognormal(math.log(cfg.prompt_median), 0.5, _BLOCK), 16, cfg.prompt_max)
+        steps = (block * _BLOCK + np.arange(_BLOCK)) / self.groups_per_step
+        scale = np.minimum(1.0 + cfg.drift_per_step * steps, cfg.drift_cap)[:, None]
+        z = math.sqrt(cfg.group_corr) * rng.standard_normal((_BLOCK, 1)) + math.sqrt(
+            1 - cfg.group_corr
+        ) * rng.standard_normal((_BLOCK, self.n))
+        if cfg.kind in ("dapo", "lognormal"):
+            sigma = math.log(cfg.p99_over_median) / 2.3263  # z of the 99th percentile
+            resp = cfg.median * np.exp(sigma * z)
+        elif cfg.kind == "pareto":
+            u = 0.5 * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))  # correlated uniforms
+            resp = cfg.median / 2 ** (1 / cfg.pareto_alpha) * (1 - u) ** (-1 / cfg.pareto_alpha)
+        elif cfg.kind == "constant":
+            resp = np.full((_BLOCK, self.n), cfg.median)
+        else:
+            assert self._empirical is not None
+            resp = rng.choice(self._empirical, size=(_BLOCK, self.n))
+        responses = np.clip(np.rint(resp * scale), 1, cfg.max_response).astype(np.int64)
+        if cfg.kind == "constant":
+            prompts = np.full(_BLOCK, cfg.prompt_median)
+        return np.rint(prompts).astype(np.int64), responses
+
+
+def _load_empirical(path: str) -> np.ndarray:
+    """Response lengths, one integer per line or a JSON list."""
+    text = Path(path).read_text().strip()
+    values = np.array(text.strip("[]").replace(",", " ").split(), dtype=float)
+    if values.size == 0:
+        raise ValueError(f"lengths.empirical_path={path!r} holds no lengths")
+    return values

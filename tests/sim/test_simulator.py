@@ -1,0 +1,119 @@
+"""The simulator's invariants and closed-form cases, on tiny clusters (each run well under a second)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from laminar.sim.config import SCHEDULES, Failure, SimConfig
+from laminar.sim.cost import MODELS, CostModel
+from laminar.sim.lengths import LengthConfig
+from laminar.sim.run import simulate
+
+SMALL = SimConfig(
+    gpus=8, model="0.5B", groups_per_step=16, group_size=4, steps=8, warmup_steps=2, trainer_frac=0.25
+)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_conservation_and_monotone_versions(schedule: str) -> None:
+    summary, cluster = simulate(SMALL.with_(schedule=schedule), audit=True)
+    assert cluster.versions_seen == list(range(1, SMALL.steps + 1))
+    assert all(n == 1 for n in cluster.finish_count.values()), "a trajectory finished twice"
+    assert all(n == 1 for n in cluster.consume_count.values()), "a trajectory was trained on twice"
+    assert set(cluster.consume_count) <= set(cluster.finish_count), "trained on an unfinished trajectory"
+    assert len(cluster.consume_count) == SMALL.steps * SMALL.groups_per_step * SMALL.group_size
+    # The bounded schedules drop (and count) a complete group that would break the bound; never both.
+    assert not set(cluster.drop_count) & set(cluster.consume_count)
+    assert summary["dropped_over_stale"] == sum(cluster.drop_count.values())
+    waiting_groups = [g for _, _, g in cluster.buffer]
+    waiting_groups += [t.group for r in cluster.replicas for t in (*r.running, *r.waiting)]
+    pending = {t.tid for g in waiting_groups for t in g.trajs}
+    assert set(cluster.finish_count) - set(cluster.consume_count) - set(cluster.drop_count) <= pending
+    assert min(int(k) for k in summary["staleness"]["distribution"]) >= 0
+    if schedule not in ("stream", "partial"):
+        assert summary["dropped_over_stale"] == 0
+    assert summary["training_throughput"] > 0
+
+
+@pytest.mark.parametrize("schedule", ["stream", "partial"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_staleness_bounded_by_k(schedule: str, k: int) -> None:
+    summary, _ = simulate(SMALL.with_(schedule=schedule, staleness_k=k, steps=10))
+    assert summary["staleness"]["max"] <= k
+
+
+def test_partial_rollout_pays_reprefill_and_mixes_versions() -> None:
+    summary, _ = simulate(SMALL.with_(schedule="partial"))
+    assert summary["reprefill_tokens"] > 0
+    assert summary["max_versions_per_trajectory"] > 1
+
+
+def test_equal_lengths_sync_and_laminar_converge() -> None:
+    """No tail and free training/weights: both schedules are pure generation at the same batch."""
+    free = dataclasses.replace(
+        CostModel(),
+        train_mfu=1e6,
+        train_step_overhead_s=0.0,
+        global_sync_overhead_s=0.0,
+        ib_bw_per_gpu=1e15,
+        collective_hop_latency_s=0.0,
+        publish_bw=1e15,
+        relay_link_bw=1e15,
+        relay_hop_latency_s=0.0,
+        h2d_pinned_bw=1e15,
+        pull_overhead_s=0.0,
+    )
+    cfg = SMALL.with_(
+        lengths=LengthConfig(kind="constant", median=512, prompt_median=64, drift_per_step=0.0),
+        cost=free,
+        gpus=8,
+        trainer_frac=0.5,
+        groups_per_step=32,
+        group_size=8,
+        max_ahead_batches=1.0,
+    )
+    sync, _ = simulate(cfg.with_(schedule="sync"))
+    laminar, _ = simulate(cfg.with_(schedule="laminar"))
+    assert laminar["training_throughput"] == pytest.approx(sync["training_throughput"], rel=0.05)
+
+
+def test_one_replica_never_repacks() -> None:
+    summary, _ = simulate(SMALL.with_(schedule="laminar", gpus=2, trainer_frac=0.5))
+    assert summary["rollout_replicas"] == 1
+    assert summary["repacks"]["count"] == 0
+
+
+def test_deterministic() -> None:
+    a, _ = simulate(SMALL.with_(schedule="laminar"))
+    b, _ = simulate(SMALL.with_(schedule="laminar"))
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b
+
+
+def test_laminar_survives_a_machine_failure_without_restarting_the_job() -> None:
+    cfg = SMALL.with_(
+        schedule="laminar", gpus=24, trainer_frac=0.34, failures=(Failure(time_s=30.0, machine=0),)
+    )
+    summary, cluster = simulate(cfg, audit=True)
+    assert summary["failures"]["recovered_trajectories"] + summary["failures"]["restarted_trajectories"] > 0
+    assert summary["trainer_time"]["restart"] == 0.0
+    assert all(n == 1 for n in cluster.consume_count.values())
+
+
+def test_cost_model_shapes() -> None:
+    cost, spec = CostModel(), MODELS["7B"]
+    assert cost.decode_step_s(spec, 64, 64 * 4000) > cost.decode_step_s(spec, 64, 64 * 1000)
+    assert cost.decode_step_s(spec, 256, 0) >= cost.decode_step_s(spec, 1, 0)
+    assert 1 <= cost.batch_limit(spec, 2000) <= cost.max_num_seqs
+    first, last = cost.relay_arrival_s(spec, 0), cost.relay_arrival_s(spec, 127)
+    assert last < 2 * first, "the relay chain is pipelined: N hops cost far less than N transfers"
+    assert cost.publish_s(MODELS["32B"]) == pytest.approx(0.656, rel=0.01)  # the paper: 0.64 s
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(ValueError, match="schedule='nope'"):
+        SimConfig(schedule="nope")
+    with pytest.raises(ValueError, match="lengths.kind"):
+        LengthConfig(kind="weird")
