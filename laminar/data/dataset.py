@@ -13,26 +13,31 @@ class DatasetError(ValueError):
     """A dataset row is malformed; the message names the row and the field."""
 
 
+def validate_row(
+    row: Any, i: int, required: dict[str, type] | None = None, source: str = "dataset"
+) -> dict[str, Any]:
+    required = REQUIRED_FIELDS if required is None else required
+    if not isinstance(row, dict):
+        raise DatasetError(
+            f"{source} row {i}: expected an object with fields {sorted(required)}, got {type(row).__name__}"
+        )
+    for name, kind in required.items():
+        if name not in row:
+            raise DatasetError(f"{source} row {i}: missing field {name!r} (has {sorted(row)})")
+        if not isinstance(row[name], kind):
+            raise DatasetError(
+                f"{source} row {i}: field {name!r} must be {kind.__name__}, got {type(row[name]).__name__} "
+                f"({row[name]!r:.60})"
+            )
+    if isinstance(row.get("prompt"), str) and not row["prompt"].strip():
+        raise DatasetError(f"{source} row {i}: field 'prompt' is empty")
+    return row
+
+
 def validate_rows(
     rows: list[dict[str, Any]], required: dict[str, type] | None = None, source: str = "dataset"
 ) -> list[dict[str, Any]]:
-    required = REQUIRED_FIELDS if required is None else required
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise DatasetError(
-                f"{source} row {i}: expected an object with fields {sorted(required)}, got {type(row).__name__}"
-            )
-        for name, kind in required.items():
-            if name not in row:
-                raise DatasetError(f"{source} row {i}: missing field {name!r} (has {sorted(row)})")
-            if not isinstance(row[name], kind):
-                raise DatasetError(
-                    f"{source} row {i}: field {name!r} must be {kind.__name__}, got {type(row[name]).__name__} "
-                    f"({row[name]!r:.60})"
-                )
-        if isinstance(row.get("prompt"), str) and not row["prompt"].strip():
-            raise DatasetError(f"{source} row {i}: field 'prompt' is empty")
-    return rows
+    return [validate_row(row, i, required, source) for i, row in enumerate(rows)]
 
 
 def load_jsonl(path: str | Path, required: dict[str, type] | None = None) -> list[dict[str, Any]]:
@@ -45,7 +50,8 @@ def load_jsonl(path: str | Path, required: dict[str, type] | None = None) -> lis
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as e:
             raise DatasetError(f"{path} row {i}: not valid JSON ({e.msg} at column {e.colno})") from e
-    return validate_rows(rows, required, source=str(path))
+        rows.append(validate_row(row, i, required, source=str(path)))
+    return rows

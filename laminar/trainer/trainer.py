@@ -45,10 +45,10 @@ class ModelPathError(FileNotFoundError):
 
 
 def check_model_dir(path: str | Path) -> Path:
-    path = Path(path)
     hint = "a Hugging Face model directory with config.json and model.safetensors (make the demo's with `laminar warmup --out DIR`)"
     if not str(path):
         raise ModelPathError(f"no model path given; expected {hint}")
+    path = Path(path)
     if not path.exists():
         raise ModelPathError(f"model path {path} does not exist; expected {hint}")
     if not path.is_dir():

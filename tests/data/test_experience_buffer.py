@@ -1,0 +1,94 @@
+import random
+
+import pytest
+
+from laminar.data.experience_buffer import BufferFull, ExperienceBuffer
+from laminar.data.records import Trajectory
+
+
+def traj(gid, idx, version=0):
+    return Trajectory(f"{gid}:{idx}", gid, idx, [1], [2, 3], [-0.1, -0.2], version)
+
+
+def test_groups_complete_in_any_arrival_order_and_leave_fifo():
+    buf = ExperienceBuffer(group_size=3)
+    arrivals = [traj(g, i) for g in range(5) for i in range(3)]
+    random.Random(0).shuffle(arrivals)
+    completed = []
+    for t in arrivals:
+        before = buf.num_ready()
+        buf.add(t)
+        if buf.num_ready() > before:
+            completed.append(t.group_id)
+    assert buf.num_ready() == 5 and not buf.pending
+    out = buf.sample(2, version=0) + buf.sample(3, version=0)
+    assert [g[0].group_id for g in out] == completed  # first completed, first trained
+    for g in out:
+        assert [t.sample_idx for t in g] == [0, 1, 2] and len({t.group_id for t in g}) == 1
+    assert buf.sample(1, version=0) is None
+    assert buf.stats()["consumed"] == 15 and len(buf) == 0
+
+
+def test_duplicates_are_ignored_and_counted_even_after_consumption():
+    buf = ExperienceBuffer(group_size=2)
+    assert buf.add(traj(0, 0)) and not buf.add(traj(0, 0))
+    buf.add(traj(0, 1))
+    buf.sample(1, version=0)
+    assert not buf.add(traj(0, 1))
+    assert buf.stats()["duplicates"] == 2 and len(buf) == 0
+
+
+def test_staleness_stats_and_optional_bound():
+    buf = ExperienceBuffer(group_size=1, max_staleness=2)
+    for gid, v in enumerate([0, 3, 4, 5]):
+        buf.add(traj(gid, 0, version=v))
+    out = buf.sample(3, version=5)  # version 0 is 5 behind: dropped
+    assert [g[0].version for g in out] == [3, 4, 5]
+    s = buf.stats()
+    assert s["stale_dropped"] == 1
+    assert s["staleness"]["max"] == 2 and s["staleness"]["mean"] == pytest.approx(1.0)
+    assert s["staleness_hist"] == {0: 1, 1: 1, 2: 1}
+
+
+def test_capacity_policies():
+    evict = ExperienceBuffer(group_size=1, capacity=2)
+    for g in range(3):
+        evict.add(traj(g, 0))
+    assert [g[0].group_id for g in evict.sample(2, version=0)] == [1, 2]
+    assert evict.stats()["evicted"] == 1
+    reject = ExperienceBuffer(group_size=1, capacity=2, overflow="reject")
+    reject.add(traj(0, 0))
+    reject.add(traj(1, 0))
+    assert reject.full()
+    with pytest.raises(BufferFull, match="capacity 2"):
+        reject.add(traj(2, 0))
+    assert len(reject) == 2
+
+
+def test_pluggable_sampler_and_mixed_versions_are_reported():
+    buf = ExperienceBuffer(group_size=2, sampler="freshest")
+    buf.add(traj(0, 0, 1)), buf.add(traj(0, 1, 1)), buf.add(traj(1, 0, 3)), buf.add(traj(1, 1, 3))
+    buf.add(traj(2, 0, 2)), buf.add(traj(2, 1, 4))
+    assert buf.stats()["mixed_version_groups"] == 1
+    assert buf.sample(1, version=4)[0][0].group_id == 1
+    custom = ExperienceBuffer(group_size=1, sampler=lambda ready, k, v: list(range(len(ready)))[-k:])
+    for g in range(3):
+        custom.add(traj(g, 0))
+    assert custom.sample(1, version=0)[0][0].group_id == 2
+    with pytest.raises(ValueError, match="sampler='lifo'"):
+        ExperienceBuffer(group_size=1, sampler="lifo")
+
+
+def test_state_dict_round_trip_loses_and_duplicates_nothing():
+    buf = ExperienceBuffer(group_size=2)
+    buf.add(traj(0, 0)), buf.add(traj(0, 1)), buf.add(traj(1, 1)), buf.add(traj(2, 0))
+    buf.add(traj(3, 0)), buf.add(traj(3, 1))
+    buf.sample(1, version=1)
+    other = ExperienceBuffer(group_size=2)
+    other.load_state_dict(buf.state_dict())
+    assert other.stats() == buf.stats()
+    assert not other.add(traj(0, 0))  # already trained before the checkpoint
+    other.add(traj(1, 0))
+    assert [g[0].group_id for g in other.sample(2, version=1)] == [3, 1]
+    with pytest.raises(ValueError, match="sample_idx 5"):
+        other.add(traj(9, 5))

@@ -1,0 +1,50 @@
+import pytest
+
+from laminar.data.partial_pool import PartialPool
+from laminar.data.records import PromptGroup
+
+
+def test_progress_move_finish_and_snapshot():
+    pool = PartialPool()
+    pool.start(PromptGroup(7, [1, 2], n=3), replica=0, version=4, meta={"seed": 11})
+    pool.start(PromptGroup(8, [1, 5], n=1), replica=1, version=4)
+    pool.progress({"7:0": ([3, 4], [-0.1, -0.2]), "7:1": ([5], [-0.3]), "gone:0": ([1], [0.0])})
+    pool.append("7:0", [6], [-0.4])
+    e = pool.get("7:0")
+    assert e.response_ids == [3, 4, 6] and e.logprobs == [-0.1, -0.2, -0.4] and e.version == 4
+    assert e.meta == {"seed": 11}
+    assert {x.traj_id for x in pool.on_replica(0)} == {"7:0", "7:1", "7:2"}
+    pool.move("7:1", 1)
+    assert {x.traj_id for x in pool.on_replica(1)} == {"7:1", "8:0"}
+
+    snap = pool.snapshot()
+    pool.append("7:0", [9], [-1.0])  # later progress must not leak into the snapshot
+    other = PartialPool()
+    other.restore(snap)
+    assert other.get("7:0").response_ids == [3, 4, 6]
+    assert other.stats()["moved"] == 1 and len(other) == 4
+
+    assert pool.finish("7:2").traj_id == "7:2" and "7:2" not in pool
+    assert pool.finish("7:2") is None
+    assert pool.group_ids() == {7, 8}
+
+
+def test_restart_clears_progress_and_counts_it():
+    pool = PartialPool()
+    pool.start(PromptGroup(1, [1], n=1), replica=0, version=2)
+    pool.append("1:0", [3, 3], [-1.0, -1.0])
+    pool.restart("1:0", replica=2, version=5)
+    e = pool.get("1:0")
+    assert e.response_ids == [] and e.version == 5 and e.replica == 2 and e.restarts == 1
+    assert pool.stats()["restarted"] == 1
+
+
+def test_errors_name_the_trajectory():
+    pool = PartialPool()
+    pool.start(PromptGroup(1, [1], n=1), replica=0, version=0)
+    with pytest.raises(KeyError, match="already in flight"):
+        pool.start(PromptGroup(1, [1], n=1), replica=1, version=0)
+    with pytest.raises(KeyError, match="9:0 is not in flight"):
+        pool.append("9:0", [1], [0.0])
+    with pytest.raises(ValueError, match="2 tokens but 1 log-probs"):
+        pool.append("1:0", [1, 2], [0.0])

@@ -1,0 +1,150 @@
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from laminar.data.records import Trajectory
+from laminar.trainer.grpo import GRPOConfig
+from laminar.trainer.trainer import ModelPathError, Trainer, TrainerConfig, check_model_dir
+
+VOCAB = 14
+
+
+def tiny_model(tie: bool = False, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def make_groups(trainer: Trainer, num_groups: int = 3, n: int = 4, seed: int = 0, version: int = 0):
+    """Random groups whose behaviour log-probs are the trainer's own (an on-policy rollout)."""
+    rng = random.Random(seed)
+    groups = []
+    for g in range(num_groups):
+        prompt = [1] + [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 6))]
+        trajs = []
+        for i in range(n):
+            resp = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 8))]
+            trajs.append(
+                Trajectory(f"{g}:{i}", g, i, prompt, resp, [0.0] * len(resp), version, reward=rng.random())
+            )
+        for t, lp in zip(trajs, trainer.response_logprobs(trajs)):
+            t.logprobs = lp
+        groups.append(trajs)
+    return groups
+
+
+def make_trainer(model=None, **kw) -> Trainer:
+    return Trainer(TrainerConfig(lr=1e-2, micro_batch_size=5, threads=1, **kw), model=model or tiny_model())
+
+
+def test_train_step_reports_metrics_and_bumps_the_version():
+    tr = make_trainer()
+    groups = make_groups(tr)
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    m = tr.train_step(groups)
+    assert tr.version == m["version"] == 1
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # on-policy: first forward equals the rollout
+    assert m["logprob_mismatch_abs"] < 1e-5 and m["clip_frac"] == 0
+    assert m["tokens"] == sum(t.num_tokens for g in groups for t in g)
+    assert m["reward_mean"] == pytest.approx(sum(t.reward for g in groups for t in g) / 12)
+    assert m["step_time_s"] > 0
+    assert any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
+
+
+def test_micro_batch_size_does_not_change_the_update():
+    a, b = make_trainer(), make_trainer()
+    b.cfg.micro_batch_size = 1
+    groups = make_groups(a)
+    a.train_step(groups)
+    b.train_step(groups)
+    for (k, va), vb in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.allclose(va, vb, atol=1e-6), k
+
+
+def test_staleness_is_measured_against_the_consuming_version():
+    tr = make_trainer()
+    tr.train_step(make_groups(tr))
+    tr.train_step(make_groups(tr))
+    m = tr.train_step(make_groups(tr, version=0) + make_groups(tr, seed=1, version=2))
+    assert m["staleness_max"] == 2 and m["staleness_mean"] == pytest.approx(1.0)
+
+
+def test_decoupled_ppo_with_tis_runs_and_reports_the_mismatch():
+    tr = make_trainer(grpo=GRPOConfig(proximal="trainer", is_correction="tis", is_cap=2.0), mini_batches=2)
+    groups = make_groups(tr)
+    for g in groups:
+        for t in g:
+            t.logprobs = [lp - 0.3 for lp in t.logprobs]  # rollout disagreed with the trainer
+    m = tr.train_step(groups)
+    assert m["logprob_mismatch_abs"] == pytest.approx(0.3, abs=1e-4)
+    assert m["logprob_mismatch_kl"] > 0
+    assert m["is_weight_mean"] == pytest.approx(2.0**0 * min(2.0, 1.3498588), abs=1e-3)
+
+
+def test_checkpoint_round_trip_resumes_bit_exact(tmp_path):
+    tr = make_trainer()
+    tr.train_step(make_groups(tr, seed=1))
+    tr.save_checkpoint(tmp_path / "ckpt")
+    groups = make_groups(tr, seed=2, version=1)
+    m1 = tr.train_step(groups)
+
+    other = make_trainer(model=tiny_model(seed=99))
+    other.load_checkpoint(tmp_path / "ckpt")
+    assert other.version == 1
+    m2 = other.train_step(groups)
+    assert m1["loss"] == m2["loss"]
+    for (k, va), vb in zip(tr.model.state_dict().items(), other.model.state_dict().values()):
+        assert torch.equal(va, vb), k
+    assert torch.equal(torch.get_rng_state(), torch.get_rng_state())
+
+
+def test_load_from_a_checkpoint_dir_as_a_model(tmp_path):
+    tr = make_trainer()
+    tr.save_checkpoint(tmp_path / "m")
+    again = Trainer(TrainerConfig(model_path=str(tmp_path / "m"), threads=1))
+    assert all(
+        torch.equal(a, b) for a, b in zip(tr.model.state_dict().values(), again.model.state_dict().values())
+    )
+
+
+def test_named_weights_leave_out_a_tied_head():
+    untied = make_trainer().named_weights()
+    assert "lm_head.weight" in untied
+    tied = make_trainer(model=tiny_model(tie=True)).named_weights()
+    assert "lm_head.weight" not in tied and "model.embed_tokens.weight" in tied
+    assert all(not v.requires_grad for v in tied.values())
+
+
+def test_bad_model_paths_say_what_is_missing(tmp_path):
+    with pytest.raises(ModelPathError, match="does not exist.*laminar warmup"):
+        check_model_dir(tmp_path / "nope")
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(ModelPathError, match="is a file"):
+        check_model_dir(tmp_path / "f.txt")
+    with pytest.raises(ModelPathError, match="no config.json.*f.txt"):
+        check_model_dir(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelPathError, match="no weights.*model.safetensors"):
+        check_model_dir(tmp_path)
+    with pytest.raises(ModelPathError, match="no model path"):
+        Trainer(TrainerConfig(model_path=""))
+
+
+def test_mismatched_logprobs_are_rejected():
+    tr = make_trainer()
+    groups = make_groups(tr)
+    groups[0][0].logprobs = groups[0][0].logprobs[:-1]
+    with pytest.raises(ValueError, match="0:0"):
+        tr.train_step(groups)
