@@ -71,29 +71,39 @@ class _Bin:
     released: bool = False
     received: bool = False
 
-    def fits(self, blocks: int, batch_limit_b: int) -> bool:
-        return not self.released and self.kv + blocks <= self.kv_max and self.running + 1 <= batch_limit_b
-
 
 Choose = Callable[[list[_Bin], int, int], "_Bin | None"]
 
 
 def _best_fit(candidates: list[_Bin], blocks: int, batch_limit_b: int) -> _Bin | None:
     """The fullest destination that still fits, so the emptiest replicas are left to release."""
-    fitting = [b for b in candidates if b.fits(blocks, batch_limit_b)]
-    return max(fitting, key=lambda b: (b.kv, b.running, -b.replica), default=None)
+    best, best_key = None, None
+    for b in candidates:  # a plain loop: this is the planner's hot path
+        if b.released or b.running >= batch_limit_b or b.kv + blocks > b.kv_max:
+            continue
+        key = (b.kv, b.running, -b.replica)
+        if best_key is None or key > best_key:
+            best, best_key = b, key
+    return best
 
 
 def _best_fit_relative(candidates: list[_Bin], blocks: int, batch_limit_b: int) -> _Bin | None:
     """Fullest by fraction of its own limits: what matters when replicas differ in KV size."""
-    fitting = [b for b in candidates if b.fits(blocks, batch_limit_b)]
-    return max(
-        fitting, key=lambda b: (max(b.kv / b.kv_max, b.running / batch_limit_b), -b.replica), default=None
-    )
+    best, best_key = None, None
+    for b in candidates:
+        if b.released or b.running >= batch_limit_b or b.kv + blocks > b.kv_max:
+            continue
+        key = (max(b.kv / b.kv_max, b.running / batch_limit_b), -b.replica)
+        if best_key is None or key > best_key:
+            best, best_key = b, key
+    return best
 
 
 def _first_fit(candidates: list[_Bin], blocks: int, batch_limit_b: int) -> _Bin | None:
-    return next((b for b in candidates if b.fits(blocks, batch_limit_b)), None)
+    for b in candidates:
+        if not b.released and b.running < batch_limit_b and b.kv + blocks <= b.kv_max:
+            return b
+    return None
 
 
 def _pack_group(
@@ -210,11 +220,13 @@ def plan_repack(
     """
     loads = list(loads)
     args = (loads, batch_limit_b, kv_capacity_frac)
-    plans = [
-        _plan(*args, _best_fit, sort_sources=True, largest_first=True, max_released=max_released),
-        _plan(*args, _best_fit_relative, sort_sources=True, largest_first=True, max_released=max_released),
-        _plan(*args, _first_fit, sort_sources=False, largest_first=False, max_released=max_released),
-    ]
+    plans = [_plan(*args, _best_fit, sort_sources=True, largest_first=True, max_released=max_released)]
+    if max_released is not None and len(plans[0].released) >= max_released:
+        return plans[0]  # nothing can release more
+    plans.append(
+        _plan(*args, _best_fit_relative, sort_sources=True, largest_first=True, max_released=max_released)
+    )
+    plans.append(_plan(*args, _first_fit, sort_sources=False, largest_first=False, max_released=max_released))
     return max(plans, key=lambda p: (len(p.released), -len(p.moves)))
 
 

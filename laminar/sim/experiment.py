@@ -20,7 +20,7 @@ from laminar.sim.run import simulate
 
 BASELINES = ("verl", "sync", "one_step", "stream", "partial")
 ABLATIONS = ("laminar_no_repack", "laminar_global_push")
-SPLITS = (0.25, 0.375, 0.5, 0.625)
+SPLITS = (0.25, 0.375, 0.5)
 # The paper's math results (Laminar over each baseline, 1024 H800 GPUs unless a range is given)
 PAPER = {
     "verl": "2.56x avg, up to 5.48x",

@@ -117,3 +117,23 @@ def test_config_errors_name_the_field() -> None:
         SimConfig(schedule="nope")
     with pytest.raises(ValueError, match="lengths.kind"):
         LengthConfig(kind="weird")
+
+
+def test_baseline_failure_restarts_the_job() -> None:
+    cfg = SMALL.with_(schedule="sync", failures=(Failure(time_s=30.0, machine=0),))
+    summary, _ = simulate(cfg)
+    assert summary["failures"]["restarted_trajectories"] > 0
+
+
+def test_dapo_lengths_have_a_heavy_tail_and_drift() -> None:
+    import numpy as np
+
+    from laminar.sim.lengths import LengthSampler
+
+    sampler = LengthSampler(LengthConfig(), group_size=16, groups_per_step=64, seed=3)
+    early = np.concatenate([sampler.group(i)[1] for i in range(512)])
+    late = np.concatenate([sampler.group(i)[1] for i in range(64 * 90, 64 * 90 + 512)])
+    ratio = np.percentile(early, 99) / np.median(early)
+    assert 6 < ratio < 12 and early.max() <= 16384
+    assert np.median(late) > 1.2 * np.median(early)
+    assert sampler.group(7) == LengthSampler(LengthConfig(), 16, 64, seed=3).group(7)
