@@ -167,6 +167,11 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self._seqs)
 
+    def progress(self, request_id: str) -> tuple[list[int], list[float]]:
+        """Output tokens and their log-probs so far (what the partial response pool keeps)."""
+        seq = self._seqs[request_id]
+        return seq.output_ids, list(seq.logprobs)
+
     # ---- the loop -----------------------------------------------------------------------------------------
     def step(self) -> StepOutput:
         seqs, is_prefill = self.scheduler.schedule()
