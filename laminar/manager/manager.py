@@ -62,7 +62,7 @@ class RolloutManager:
             outstanding = self.dispatched_groups - self.consumed_groups
             quota = self.dispatch.quota(version, self.trainer_version, outstanding)
             if quota > 0:
-                groups = await self.prompt_pool.take.remote(quota)
+                groups = await self.prompt_pool.next_groups.remote(quota)
                 if groups:
                     self.dispatched_groups += len(groups)
                     for g in groups:

@@ -14,8 +14,9 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import ray
 import torch
@@ -160,7 +161,7 @@ class RolloutReplica:
     def _pull(self) -> None:
         from laminar.relay.pull import pull_latest
 
-        pulled = pull_latest(self.relay, self.engine.load_weights, self.engine.version, timeout_s=self.timeout_s)
+        pulled = pull_latest(self.relay, self.engine.load_weights, self.engine.version, timeout=self.timeout_s)
         if pulled is not None:
             version, seconds = pulled
             self.manager.record_pull.remote(self.id, version, seconds, time.time())
@@ -171,6 +172,7 @@ class RolloutReplica:
         self.engine.reset_peak()
         now = time.time()
         for group in groups:
+            self.partial_pool.start.remote(group, self.id, self.engine.version)
             for i in range(group.n):
                 rid = group.traj_id(i)
                 params = SamplingParams(seed=sample_seed(self.run_seed, rid), **self.sampling)
@@ -184,8 +186,7 @@ class RolloutReplica:
             t = time.perf_counter()
             out = self.engine.step()
             self.busy_s += time.perf_counter() - t
-            for rid, tokens in out.new_tokens.items():
-                self.tokens_generated += len(tokens)
+            self.tokens_generated += sum(len(t) for t in out.new_tokens.values())
             for fin in out.finished:
                 self._finish(fin)
             steps += 1
@@ -200,10 +201,10 @@ class RolloutReplica:
         for rid, state in self.inflight.items():
             tokens, logprobs = self.engine.progress(rid)
             if len(tokens) > state.reported:
-                updates[rid] = (state.version, tokens[state.reported :], logprobs[state.reported :])
+                updates[rid] = (tokens[state.reported :], logprobs[state.reported :])
                 state.reported = len(tokens)
         if updates:
-            self.partial_pool.extend.remote(self.id, updates)
+            self.partial_pool.progress.remote(updates)
 
     def _finish(self, fin: Any) -> None:
         state = self.inflight.pop(fin.request_id)
@@ -212,10 +213,12 @@ class RolloutReplica:
             group_id=state.group.group_id,
             sample_idx=state.sample_idx,
             prompt_ids=list(state.group.prompt_ids),
-            response_ids=list(fin.token_ids),
+            response_ids=list(fin.output_token_ids),
             logprobs=list(fin.logprobs),
             version=state.version,
             finish_reason=fin.finish_reason,
+            token_versions=list(fin.token_versions) if len(set(fin.token_versions)) > 1 else [],
+            reprefill_tokens=fin.reprefill_tokens,
             replica=self.id,
             t_start=state.t_start,
             t_end=time.time(),
@@ -223,11 +226,9 @@ class RolloutReplica:
         self.score_pool.submit(self._score_and_store, traj, state.group)
 
     def _score_and_store(self, traj: Trajectory, group: PromptGroup) -> None:
-        traj.reward, error = self.scorer(group, traj)
-        if error:
-            traj.meta["reward_error"] = error
+        traj.reward = self.scorer.score(traj, group.meta)  # a failing reward function scores 0, noted on traj
         ray.get(self.buffer.add.remote(traj), timeout=self.timeout_s)
-        self.partial_pool.remove.remote(traj.traj_id)
+        self.partial_pool.finish.remote(traj.traj_id)
 
     def _beat(self, force: bool = False) -> None:
         now = time.time()

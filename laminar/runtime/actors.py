@@ -1,0 +1,165 @@
+"""Thin Ray actor wrappers around the plain components, so every process boundary is a Ray actor and every part
+stays testable without Ray. Each wrapper adds only what crossing a process boundary needs: waiting with a
+timeout, and telling the other parts what happened."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import ray
+
+from laminar.data.experience_buffer import ExperienceBuffer
+from laminar.data.partial_pool import PartialPool
+from laminar.data.prompt_pool import PromptPool
+from laminar.data.records import Trajectory
+
+
+@ray.remote(num_cpus=0, max_concurrency=16)
+class BufferActor:
+    """The experience buffer; `take` blocks (with a timeout) until enough complete groups are ready."""
+
+    def __init__(self, group_size: int, capacity: int, max_staleness: int | None, prompt_pool: Any,
+                 manager: Any) -> None:
+        self.buffer = ExperienceBuffer(group_size, capacity=capacity, max_staleness=max_staleness)
+        self.prompt_pool, self.manager = prompt_pool, manager
+        self.cond = threading.Condition()
+
+    def add(self, traj: Trajectory) -> bool:
+        with self.cond:
+            added = self.buffer.add(traj)
+            complete = added and traj.group_id not in self.buffer.pending
+            self.cond.notify_all()
+        if complete:  # the group is whole: nobody needs to re-issue it any more
+            self.prompt_pool.done.remote(traj.group_id)
+            self.manager.group_done.remote(traj.replica, traj.group_id)
+        return added
+
+    def take(self, count: int, version: int, timeout_s: float) -> list[list[Trajectory]]:
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while (groups := self.buffer.sample(count, version)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"experience buffer: {count} complete groups did not arrive within {timeout_s:.0f}s "
+                        f"(ready {self.buffer.num_ready()}, pending {len(self.buffer.pending)}); are the rollouts "
+                        "alive? see their errors in metrics.jsonl"
+                    )
+                self.cond.wait(left)
+            return groups
+
+    def num_ready(self) -> int:
+        return self.buffer.num_ready()
+
+    def stats(self) -> dict[str, Any]:
+        with self.cond:
+            return self.buffer.stats()
+
+    def state_dict(self) -> dict[str, Any]:
+        with self.cond:
+            return self.buffer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self.cond:
+            self.buffer.load_state_dict(state)
+
+
+PromptPoolActor = ray.remote(num_cpus=0)(PromptPool)
+PartialPoolActor = ray.remote(num_cpus=0)(PartialPool)
+
+
+@ray.remote(max_concurrency=4)
+class TrainerActor:
+    """The trainer plus its weight publisher: each step trains, then copies the new version into shared memory
+    for the master relay and returns (the publish is the trainer's only stall)."""
+
+    def __init__(self, trainer_cfg: Any, slots: int) -> None:
+        from laminar.trainer.trainer import Trainer
+
+        self.trainer = Trainer(trainer_cfg)
+        self.slots = slots
+        self.publisher = None
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def attach_master(self, master: Any) -> None:
+        from laminar.relay.publisher import WeightPublisher
+
+        if self.publisher is None:
+            self.publisher = WeightPublisher(master, num_slots=self.slots)
+        else:
+            self.publisher.set_master(master)
+
+    def version(self) -> int:
+        return self.trainer.version
+
+    def step(self, groups: list[list[Trajectory]]) -> dict[str, Any]:
+        consumer_version = self.trainer.version
+        t0 = time.time()
+        metrics = self.trainer.train_step(groups)
+        t_trained = time.time()
+        stall = self.publisher.publish(self.trainer.version, self.trainer.named_weights())
+        trajs = [t for g in groups for t in g]
+        return {
+            **metrics,
+            "version": self.trainer.version,
+            "t_start": t0,
+            "t_publish": t_trained,
+            "stall_s": stall,
+            "tokens": sum(t.num_tokens for t in trajs),
+            "response_tokens": sum(len(t.response_ids) for t in trajs),
+            "reward_mean": sum(t.reward for t in trajs) / max(len(trajs), 1),
+            "staleness": [consumer_version - t.version for t in trajs],
+            "traj_ids": [t.traj_id for t in trajs],
+            "traj_versions": {t.traj_id: sorted(t.versions) for t in trajs},
+        }
+
+    def save_checkpoint(self, path: str) -> str:
+        return str(self.trainer.save_checkpoint(path))
+
+    def load_checkpoint(self, path: str) -> int:
+        self.trainer.load_checkpoint(path)
+        return self.trainer.version
+
+
+@ray.remote(max_concurrency=8)
+class ReplicaActor:
+    """A rollout replica; its decode loop runs in a thread so the manager can still ask for snapshots and
+    hand it repack commands (applied by the loop between engine steps)."""
+
+    def __init__(self, replica_id: int, make_engine: Any, scorer_factory: Any, **kw: Any) -> None:
+        from laminar.rollout.replica import RolloutReplica
+
+        self.replica = RolloutReplica(replica_id, make_engine, scorer=scorer_factory(), relay=None, **kw)
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def start(self, relay: Any) -> None:
+        self.replica.relay = relay
+        self.replica.start()
+
+    def set_relay(self, relay: Any) -> None:
+        self.replica.relay = relay
+
+    def stop(self) -> None:
+        self.replica.stop()
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.replica.snapshot()
+
+    def export_requests(self, request_ids: list[str]) -> list[Any]:
+        return self.replica.export_requests(request_ids)
+
+    def import_requests(self, items: list[Any]) -> list[str]:
+        return self.replica.import_requests(items)

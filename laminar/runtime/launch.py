@@ -1,0 +1,196 @@
+"""Starting the parts on a Ray cluster and the few operations every schedule is built from.
+
+Placement (design section 3): the trainer where its resources are, the master relay on the trainer's node, one
+relay on every node that hosts rollouts, chained master first; each replica pulls from its own node's relay.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from laminar.config import Config
+from laminar.data.records import PromptGroup, Trajectory
+from laminar.manager.manager import Dispatch, RolloutManager
+from laminar.relay.chain import build_chain, relay_on_node
+from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor, ReplicaActor, TrainerActor
+from laminar.telemetry.recorder import Recorder
+
+
+def use_cuda(cfg: Config) -> bool:
+    return cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
+
+
+def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
+    from laminar.data.dataset import load_jsonl
+    from laminar.data.tasks import ReverseTask
+
+    if cfg.task.name == "reverse":
+        return ReverseTask(seed=cfg.task.seed).rows(cfg.task.num_prompts)
+    if Path(cfg.task.name).suffix == ".jsonl":
+        return load_jsonl(cfg.task.name, required={"prompt": str})
+    raise ValueError(f"task.name={cfg.task.name!r}: expected 'reverse' (built in) or a .jsonl file of rows")
+
+
+class _EngineFactory:
+    """Picklable recipe for a replica's engine, built inside the replica's process."""
+
+    def __init__(self, model_path: str, cfg: Config) -> None:
+        self.model_path, self.cfg = model_path, cfg
+
+    def __call__(self) -> Any:
+        from laminar.engine import Engine
+
+        r, cuda = self.cfg.rollout, use_cuda(self.cfg)
+        dtype = torch.bfloat16 if cuda or self.cfg.model.dtype == "bfloat16" else torch.float32
+        return Engine.from_pretrained(self.model_path, device="cuda" if cuda else "cpu", dtype=dtype,
+                                      max_num_seqs=r.max_num_seqs, num_kv_blocks=r.kv_blocks,
+                                      block_size=r.block_size, use_cuda_graphs=cuda)
+
+
+class _ScorerFactory:
+    def __init__(self, model_path: str, reward: str) -> None:
+        self.model_path, self.reward = model_path, reward
+
+    def __call__(self) -> Any:
+        from laminar.data.tasks import TaskCodec
+        from laminar.rewards.loader import DEFAULT_REWARD, RewardScorer
+
+        codec = TaskCodec.from_dir(self.model_path)
+        return RewardScorer(self.reward or DEFAULT_REWARD, codec.decode)
+
+
+@dataclass
+class Runtime:
+    cfg: Config
+    model_path: str
+    recorder: Recorder
+    prompt_pool: Any = None
+    partial_pool: Any = None
+    buffer: Any = None
+    manager: Any = None
+    trainer: Any = None
+    relays: list[Any] = field(default_factory=list)  # the chain, master first
+    relay_of_node: dict[str, Any] = field(default_factory=dict)
+    replicas: dict[int, Any] = field(default_factory=dict)
+    trained_ids: set[str] = field(default_factory=set)
+    duplicated: int = 0
+    version: int = 0
+    publish_times: dict[int, float] = field(default_factory=dict)
+
+    # ---- start ---------------------------------------------------------------------------------------------
+    @classmethod
+    def start(cls, cfg: Config, model_path: str, recorder: Recorder, dispatch: Dispatch) -> Runtime:
+        from laminar.data.tasks import TaskCodec
+        from laminar.trainer.grpo import GRPOConfig
+        from laminar.trainer.trainer import TrainerConfig as PlainTrainerConfig
+
+        rt = cls(cfg, model_path, recorder)
+        t, r, cuda = cfg.trainer, cfg.rollout, use_cuda(cfg)
+        codec = TaskCodec.from_dir(model_path)
+        rt.prompt_pool = PromptPoolActor.remote(dataset_rows(cfg), codec.encode_prompt, t.group_size,
+                                                seed=cfg.run.seed)
+        rt.partial_pool = PartialPoolActor.remote()
+        rt.manager = ray.remote(num_cpus=0)(RolloutManager).remote(rt.prompt_pool, dispatch, recorder.t0)
+        rt.buffer = BufferActor.remote(t.group_size, cfg.buffer.capacity_groups * t.group_size,
+                                       None if cfg.buffer.max_staleness < 0 else cfg.buffer.max_staleness,
+                                       rt.prompt_pool, rt.manager)
+        grpo = GRPOConfig(clip_low=t.clip_low, clip_high=t.clip_high, temperature=max(r.temperature, 1e-6),
+                          proximal="behaviour" if t.correction == "none" else "trainer",
+                          is_correction=t.correction, is_cap=t.is_cap)
+        plain = PlainTrainerConfig(model_path=model_path, lr=t.lr, weight_decay=t.weight_decay,
+                                   grad_clip=t.max_grad_norm, micro_batch_size=t.micro_batch, seed=cfg.run.seed,
+                                   threads=max(1, int(t.num_cpus)), grpo=grpo)
+        rt.trainer = TrainerActor.options(num_cpus=t.num_cpus, num_gpus=t.num_gpus if cuda else 0).remote(
+            plain, cfg.relay.slots)
+        trainer_node = ray.get(rt.trainer.node_id.remote(), timeout=cfg.run.timeout_s)
+        chunk = int(cfg.relay.chunk_mb * (1 << 20))
+        master = relay_on_node(trainer_node, "relay-master", num_slots=cfg.relay.slots, chunk_bytes=chunk)
+        ray.get(rt.trainer.attach_master.remote(master), timeout=cfg.run.timeout_s)
+
+        sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
+                    "max_new_tokens": r.max_new_tokens}
+        for i in range(r.replicas):
+            rt.replicas[i] = rt._new_replica(i, sampling)
+        nodes = ray.get([a.node_id.remote() for a in rt.replicas.values()], timeout=cfg.run.timeout_s)
+        for node in dict.fromkeys(nodes):  # one relay per node that hosts rollouts, in first-seen order
+            rt.relay_of_node[node] = relay_on_node(node, f"relay-{len(rt.relay_of_node)}",
+                                                   num_slots=cfg.relay.slots, chunk_bytes=chunk)
+        rt.relays = [master, *rt.relay_of_node.values()]
+        build_chain(rt.relays, timeout=cfg.run.timeout_s)
+        for actor, node in zip(rt.replicas.values(), nodes):
+            ray.get(actor.start.remote(rt.relay_of_node[node]), timeout=cfg.run.timeout_s)
+        return rt
+
+    def _new_replica(self, i: int, sampling: dict[str, Any]) -> Any:
+        cfg, r = self.cfg, self.cfg.rollout
+        return ReplicaActor.options(num_cpus=r.num_cpus, num_gpus=r.num_gpus if use_cuda(cfg) else 0).remote(
+            i, _EngineFactory(self.model_path, cfg), _ScorerFactory(self.model_path, cfg.task.reward),
+            manager=self.manager, partial_pool=self.partial_pool, buffer=self.buffer, sampling=sampling,
+            run_seed=cfg.run.seed, progress_every=r.progress_every, heartbeat_s=r.heartbeat_s,
+            timeout_s=cfg.run.timeout_s)
+
+    # ---- the operations schedules are made of --------------------------------------------------------------
+    def take(self, count: int) -> list[list[Trajectory]]:
+        """Complete groups from the experience buffer (FIFO), waiting for them with the run's timeout."""
+        return ray.get(self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s))
+
+    def train(self, groups: list[list[Trajectory]]) -> dict[str, Any]:
+        """One trainer step plus its publish; logs the step and tells the manager."""
+        m = ray.get(self.trainer.step.remote(groups), timeout=self.cfg.run.timeout_s * 5)
+        self.version = m["version"]
+        self.publish_times[self.version] = m["t_publish"]
+        for tid in m.pop("traj_ids"):
+            if tid in self.trained_ids:
+                self.duplicated += 1
+            self.trained_ids.add(tid)
+        self.manager.trainer_update.remote(self.version, len(groups))
+        rec = self.recorder
+        rec.log("publish", t=m["t_publish"], version=self.version, stall_s=m["stall_s"])
+        rec.log("step", step=self.version, **{k: v for k, v in m.items() if k not in ("t_start", "t_publish")})
+        self.collect()
+        return m
+
+    def collect(self) -> None:
+        """Pull the manager's replica timeline and events into the run log."""
+        timeline, events = ray.get(self.manager.drain_records.remote(), timeout=self.cfg.run.timeout_s)
+        for row in timeline:
+            self.recorder.log("replica", t=row.pop("t") + self.recorder.t0, **row)
+        for ev in events:
+            kind = ev.pop("kind")
+            self.recorder.log(kind, t=ev.pop("t") + self.recorder.t0, **ev)
+
+    def propagation(self) -> dict[int, float]:
+        """Per version: publish -> complete at the last relay of the chain."""
+        stats = ray.get([r.stats.remote() for r in self.relays], timeout=self.cfg.run.timeout_s)
+        out = {}
+        for v, t_pub in self.publish_times.items():
+            done = [s["versions"].get(v, {}).get("t_complete") for s in stats]
+            if all(done):
+                out[v] = max(done) - t_pub
+        return out
+
+    def stop(self) -> dict[str, Any]:
+        ray.get(self.manager.stop.remote(), timeout=self.cfg.run.timeout_s)
+        ray.get([a.stop.remote() for a in self.replicas.values()], timeout=self.cfg.run.timeout_s)
+        self.collect()
+        buf = ray.get(self.buffer.stats.remote(), timeout=self.cfg.run.timeout_s)
+        inflight = ray.get(self.partial_pool.stats.remote(), timeout=self.cfg.run.timeout_s)
+        return {"buffer": buf, "partial": inflight}
+
+    def pending_groups(self) -> list[PromptGroup]:
+        return []
+
+
+def wait_until(predicate: Any, timeout_s: float, what: str, poll_s: float = 0.05) -> None:
+    """For the few places that must observe another process's state (tests, shutdown); never for ordering."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout_s:.0f}s")
+        time.sleep(poll_s)

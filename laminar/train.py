@@ -1,0 +1,137 @@
+"""`laminar train [CONFIG] [key=value ...]`: one training run, written to a run folder.
+
+The run folder holds the resolved config, `metrics.jsonl` (written as the run goes), `summary.json`, a
+checkpoint and the plots. The defaults are the embedded CPU demo: a warm-started tiny model learning the
+built-in long-tailed reverse task with three rollout replicas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from laminar.config import Config, ConfigError, load_config
+
+
+def resolve_model(cfg: Config) -> str:
+    """The configured local model, or the demo's warm-start checkpoint (made once by `laminar warmup`)."""
+    if cfg.model.path:
+        return cfg.model.path
+    demo = Path("runs/warmup")
+    if not (demo / "config.json").is_file():
+        from laminar.data.warmup import warmup
+
+        print(f"building the demo's warm-start checkpoint in {demo} (once; `laminar warmup` rebuilds it)")
+        warmup(demo)
+    return str(demo)
+
+
+def start_ray(cfg: Config) -> None:
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        return
+    if cfg.run.ray_address:
+        ray.init(address=cfg.run.ray_address, log_to_driver=True)
+        return
+    need = cfg.trainer.num_cpus + cfg.rollout.replicas * cfg.rollout.num_cpus
+    ray.init(address="local", num_cpus=cfg.run.num_cpus or math.ceil(need) + 1, object_store_memory=256 << 20,
+             include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True)
+
+
+class Progress:
+    """One line per trainer step: the numbers a person watching the run wants."""
+
+    def __init__(self, steps: int, t0: float) -> None:
+        self.steps, self.t0, self.rewards = steps, t0, []
+
+    def __call__(self, m: dict[str, Any]) -> None:
+        self.rewards.append(m["reward_mean"])
+        ma = sum(self.rewards[-5:]) / len(self.rewards[-5:])
+        st = m["staleness"]
+        print(f"step {m['version']:3d}/{self.steps}  t {time.time() - self.t0:6.1f}s  reward {m['reward_mean']:.3f}"
+              f" (ma5 {ma:.3f})  tokens {m['tokens']:5d}  staleness mean {sum(st) / len(st):.2f} max {max(st)}"
+              f"  stall {1000 * m['stall_s']:.1f} ms  mismatch {m.get('logprob_mismatch', 0.0):.4f}", flush=True)
+
+
+def train(cfg: Config, out: Path) -> dict[str, Any]:
+    import ray
+
+    from laminar import schedules
+    from laminar.runtime.launch import Runtime
+    from laminar.telemetry.plots import plot_run
+    from laminar.telemetry.recorder import Recorder
+    from laminar.telemetry.summary import summarize
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    model_path = resolve_model(cfg)
+    start_ray(cfg)
+    schedule = schedules.get(cfg.schedule.name)
+    recorder = Recorder(out)
+    rt = Runtime.start(cfg, model_path, recorder, schedule.dispatch(cfg))
+    print(f"laminar: schedule {cfg.schedule.name}, {cfg.rollout.replicas} replicas, {len(rt.relays)} relays, "
+          f"model {model_path}, run folder {out}", flush=True)
+    t_start = time.time()
+    try:
+        schedule.run(rt, cfg.trainer.steps, Progress(cfg.trainer.steps, t_start))
+    finally:
+        wall = time.time() - t_start
+        end = rt.stop()
+        ckpt = ray.get(rt.trainer.save_checkpoint.remote(str(out / "checkpoint")))
+        for v, seconds in sorted(rt.propagation().items()):
+            recorder.log("propagation", version=v, seconds=seconds)
+    buf, partial = end["buffer"], end["partial"]
+    generated = buf.get("added", 0)
+    trained = len(rt.trained_ids)
+    dispatched = sum(len(r["groups"]) for r in recorder.of("dispatch")) * cfg.trainer.group_size
+    in_buffer = buf.get("size", 0)
+    lost = dispatched - trained - in_buffer - partial["in_flight"] - buf.get("evicted_trajectories", 0)
+    prop = {r["version"]: r["seconds"] for r in recorder.of("propagation")}
+    for r in recorder.of("publish"):
+        r["propagation_s"] = prop.get(r["version"])
+    summary = summarize(
+        recorder.records, schedule=cfg.schedule.name, wall_s=wall, warmup_steps=cfg.trainer.warmup_steps,
+        trajectories={"generated": generated, "trained": trained, "lost": max(lost, 0),
+                      "duplicated": rt.duplicated + buf.get("duplicates", 0), "in_flight_at_end": partial["in_flight"],
+                      "in_buffer_at_end": in_buffer, "evicted": buf.get("evicted_trajectories", 0)},
+        extra={"checkpoint": ckpt, "model": model_path},
+    )
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_run(recorder.records, out)
+    recorder.close()
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="laminar train", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", nargs="?", help="YAML config file (optional; defaults are the CPU demo)")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-5 rollout.replicas=4")
+    ap.add_argument("--out", help="run folder (default: run.out from the config)")
+    args = ap.parse_args(argv)
+    config, overrides = args.config, list(args.overrides)
+    if config and "=" in config:  # only overrides were given
+        config, overrides = None, [config, *overrides]
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as e:
+        print(f"laminar train: bad configuration: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        cfg.run.out = args.out
+    summary = train(cfg, Path(cfg.run.out))
+    keys = ("schedule", "wall_s", "trainer_steps", "train_tokens_per_s", "gen_tokens_per_s", "reward_start",
+            "reward_end", "staleness", "actor_stall_s", "relay_propagation_s", "trajectories")
+    print(json.dumps({k: summary[k] for k in keys}, indent=2))
+    print(f"plots and summary in {cfg.run.out}")
+    return 0
