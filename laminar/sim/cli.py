@@ -7,6 +7,7 @@ import glob
 import json
 from pathlib import Path
 
+from laminar.sim.calibrate import from_engine_bench
 from laminar.sim.config import SCHEDULES, load_config
 from laminar.sim.cost import CostModel
 from laminar.sim.experiment import bench, paper_experiment, plan, run_many
@@ -31,9 +32,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def measured_cost(base: CostModel) -> CostModel:
-    """Constants measured by our engine/relay benchmarks, when they have written results/engine-*.json."""
+    """Constants measured by our engine benchmark, when it has written results/engine-*.json."""
     for path in sorted(glob.glob("results/engine-*.json")):
-        base = CostModel.from_measurements(path, base)
+        base, note = from_engine_bench(path, base)
+        print(f"calibration: {note}")
     return base
 
 

@@ -137,3 +137,21 @@ def test_dapo_lengths_have_a_heavy_tail_and_drift() -> None:
     assert 6 < ratio < 12 and early.max() <= 16384
     assert np.median(late) > 1.2 * np.median(early)
     assert sampler.group(7) == LengthSampler(LengthConfig(), 16, 64, seed=3).group(7)
+
+
+def test_calibration_fits_decode_constants(tmp_path) -> None:
+    import json
+
+    from laminar.sim.calibrate import from_engine_bench
+
+    rows = [
+        {"batch": b, "roofline_bytes_per_step": x, "decode_step_ms": 0.2 + x / 2.0e12 * 1e3}
+        for b, x in ((1, 1e9), (8, 1.5e9), (64, 4e9))
+    ]
+    path = tmp_path / "engine-cuda.json"
+    path.write_text(json.dumps({"device": "cuda", "device_name": "NVIDIA H100", "runs": [{"engine": rows}]}))
+    fitted, _ = from_engine_bench(path, CostModel())
+    assert fitted.decode_mem_eff == pytest.approx(2.0e12 / CostModel().gpu_hbm_bw, rel=1e-6)
+    assert fitted.step_overhead_s == pytest.approx(2e-4, rel=1e-6)
+    (tmp_path / "engine-cpu.json").write_text(json.dumps({"device": "cpu", "runs": []}))
+    assert from_engine_bench(tmp_path / "engine-cpu.json", CostModel())[0] == CostModel()
