@@ -17,14 +17,15 @@ from laminar.data.records import PromptGroup
 
 @dataclass
 class Dispatch:
-    """Laminar's rule: a replica that asks gets work at once, with whatever version it holds, as long as the
-    buffer has room (flow control, so a fast rollout tier cannot run arbitrarily ahead of the trainer)."""
+    """Laminar's rule: a replica that asks gets work at once, with whatever version it holds, as long as fewer
+    than `max_outstanding_groups` are dispatched and not yet trained on (flow control, so a fast rollout tier
+    cannot run arbitrarily far ahead of the trainer). Schedules subclass it to say when else work may start."""
 
     groups_per_batch: int
     max_outstanding_groups: int
 
-    def quota(self, replica_version: int, trainer_version: int, outstanding: int) -> int:
-        return max(0, min(self.groups_per_batch, self.max_outstanding_groups - outstanding))
+    def quota(self, replica_version: int, trainer_version: int, dispatched: int, consumed: int) -> int:
+        return max(0, min(self.groups_per_batch, self.max_outstanding_groups - (dispatched - consumed)))
 
 
 @dataclass
@@ -59,8 +60,8 @@ class RolloutManager:
         state = self.replicas.setdefault(replica, ReplicaState(replica))
         deadline = time.monotonic() + self.poll_s
         while not self.stopped:
-            outstanding = self.dispatched_groups - self.consumed_groups
-            quota = self.dispatch.quota(version, self.trainer_version, outstanding)
+            quota = self.dispatch.quota(version, self.trainer_version, self.dispatched_groups,
+                                        self.consumed_groups)
             if quota > 0:
                 groups = await self.prompt_pool.next_groups.remote(quota)
                 if groups:

@@ -1,0 +1,51 @@
+"""Shared fixtures: one Ray cluster per test session (three nodes on this machine, so one-relay-per-node and
+the chain are exercised), and a tiny random model directory with the demo task's tokenizer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A head node plus two worker nodes, each with a little object store; shut down at the end."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 6, "object_store_memory": 96 << 20, "node_ip_address": "127.0.0.1",
+                        "include_dashboard": False},
+    )
+    for _ in range(2):
+        cluster.add_node(num_cpus=4, object_store_memory=96 << 20, node_ip_address="127.0.0.1")
+    ray.init(address=cluster.address)
+    cluster.wait_for_nodes()
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random two-layer Llama over the reverse task's vocabulary, saved as a Hugging Face directory."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from laminar.data.tasks import TaskCodec, save_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny-model")
+    codec = TaskCodec()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=codec.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         bos_token_id=codec.bos_id, eos_token_id=codec.eos_id, pad_token_id=codec.pad_id)
+    LlamaForCausalLM(config).save_pretrained(out)
+    save_tokenizer(codec.tokenizer, out)
+    return out
