@@ -16,7 +16,7 @@ import torch
 from laminar.engine.block_manager import BlockManager
 from laminar.engine.config import ModelConfig, SamplingParams
 from laminar.engine.model_runner import ModelRunner
-from laminar.engine.sampler import request_key, row_keys, sample
+from laminar.engine.sampler import SamplingBatch, request_key
 from laminar.engine.scheduler import Scheduler
 from laminar.engine.sequence import EngineStats, ExportedRequest, FinishedRequest, Sequence, StepOutput
 from laminar.engine.weights import WeightLayout, load_safetensors_dir, unflatten
@@ -181,10 +181,10 @@ class Engine:
         if is_prefill:
             for s in seqs:
                 s.num_prefilled += s.num_output  # outputs recomputed after preemption or import
-            logits = self.runner.prefill(seqs)
-        else:
-            logits = self.runner.decode(seqs)
-        tokens, logprobs = self._sample(seqs, logits)
+        sb = SamplingBatch.of(
+            [s.params for s in seqs], [self._keys[s.request_id] for s in seqs], [len(s) for s in seqs]
+        )
+        tokens, logprobs = self.runner.prefill(seqs, sb) if is_prefill else self.runner.decode(seqs, sb)
         out = StepOutput(is_prefill=is_prefill, num_tokens=num_tokens)
         for seq, tok, lp in zip(seqs, tokens, logprobs):
             seq.token_ids.append(tok)
@@ -196,21 +196,6 @@ class Engine:
                 out.finished.append(self._finish(seq, reason))
         self.tokens_generated += len(seqs)
         return out
-
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[int], list[float]]:
-        p = [s.params for s in seqs]
-        dev = logits.device
-        temps = torch.tensor([x.temperature for x in p], dtype=torch.float32)
-        keys = row_keys(
-            torch.tensor([self._keys[s.request_id] for s in seqs], dtype=torch.int64),
-            torch.tensor([len(s) for s in seqs], dtype=torch.int64),
-        )
-        top_k = torch.tensor([x.top_k for x in p], dtype=torch.int64)
-        top_p = torch.tensor([x.top_p for x in p], dtype=torch.float32)
-        if dev.type != "cpu":
-            temps, keys, top_k, top_p = (t.to(dev, non_blocking=True) for t in (temps, keys, top_k, top_p))
-        tokens, logprobs = sample(logits, temps, keys, top_k, top_p)
-        return tokens.tolist(), logprobs.tolist()
 
     def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params

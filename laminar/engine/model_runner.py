@@ -7,11 +7,12 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from laminar.engine import paged_attention
+from laminar.engine import paged_attention, sampler
 from laminar.engine.attention import AttentionContext
 from laminar.engine.config import ModelConfig
 from laminar.engine.model import CausalLM
 from laminar.engine.rope import cos_sin_table
+from laminar.engine.sampler import SamplingBatch
 from laminar.engine.sequence import Sequence
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
@@ -56,9 +57,8 @@ class ModelRunner:
         self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.max_blocks = -(-max_model_len // block_size)
         self.use_triton = device.type == "cuda" and paged_attention.available()
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[int, tuple] = {}  # batch size -> (graph, logits, tokens, logprobs)
         self.max_num_seqs = max_num_seqs
-        self._table = np.full((max_num_seqs, self.max_blocks), self.scratch_block, dtype=np.int32)
         self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda"
 
     @staticmethod
@@ -75,8 +75,8 @@ class ModelRunner:
         return t.to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Run every token of each sequence from position 0; logits [B, V] at each last token."""
+    def prefill(self, seqs: list[Sequence], sb: SamplingBatch) -> tuple[list[int], list[float]]:
+        """Run every token of each sequence from position 0; sample after each last token."""
         lens = [len(s) for s in seqs]
         ids = [t for s in seqs for t in s.token_ids]
         positions = np.concatenate([np.arange(n) for n in lens])
@@ -109,106 +109,120 @@ class ModelRunner:
         last = self._to_device(np.cumsum(lens) - 1, torch.int64)
         for s in seqs:
             s.num_cached = len(s)
-        return self.model.logits(hidden[last])
+        return self.sample(self.model.logits(hidden[last]), sb)
 
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """One new token per sequence (its last, not yet cached); logits [B, V]."""
+    def decode(self, seqs: list[Sequence], sb: SamplingBatch) -> tuple[list[int], list[float]]:
+        """One new token per sequence (its last, not yet cached): sample it, return (tokens, log-probs)."""
         bsz = len(seqs)
         graph_bs = self._graph_size(bsz)
         rows = graph_bs or bsz
-        ids = np.zeros(rows, dtype=np.int64)
-        positions = np.zeros(rows, dtype=np.int64)
-        slots = np.full(rows, self.scratch_block * self.block_size, dtype=np.int64)
-        lens = np.ones(rows, dtype=np.int32)
-        table = (
-            self._table
-            if rows <= self.max_num_seqs
-            else np.full((rows, self.max_blocks), self.scratch_block, np.int32)
-        )
+        st = self.staging if graph_bs else _Staging(rows, self.max_blocks, pinned=False)
+        st.fill_padding(rows, self.scratch_block, self.block_size)
         max_len = 0
+        bsz_ = self.block_size
         for i, s in enumerate(seqs):
             n = len(s)
-            ids[i], positions[i], lens[i] = s.token_ids[-1], n - 1, n
-            slots[i] = self._slot(s, n - 1)
-            table[i, : len(s.block_table)] = s.block_table
+            st.ids[i], st.pos[i], st.lens[i] = s.token_ids[-1], n - 1, n
+            st.slots[i] = s.block_table[(n - 1) // bsz_] * bsz_ + (n - 1) % bsz_
+            st.tables[i, : len(s.block_table)] = s.block_table
             max_len = max(max_len, n)
-        width = self.max_blocks if graph_bs else -(-max_len // self.block_size)
-        block_tables = self._to_device(table[:rows, :width].copy(), torch.int32)
-        table[:bsz, :] = self.scratch_block
-        for s in seqs:
-            s.num_cached = len(s)
+            s.num_cached = n
+        st.keys[:bsz], st.temps[:bsz] = sb.keys, sb.temperatures
         if graph_bs:
-            return self._replay(graph_bs, ids, positions, slots, block_tables, lens)[:bsz]
+            self.static_in.copy_(st.buf, non_blocking=True)
+            graph, logits, tokens, logprobs = self.graphs[graph_bs]
+            graph.replay()
+            if sb.filtered:
+                return self.sample(logits[:bsz], sb)
+            return tokens[:bsz].tolist(), logprobs[:bsz].tolist()
+        dev = _Staging.to_device(st, self.device)
         ctx = AttentionContext(
             is_prefill=False,
-            slot_mapping=self._to_device(slots, torch.int64),
-            block_tables=block_tables,
-            context_lens=self._to_device(lens, torch.int32),
+            slot_mapping=dev.slots,
+            block_tables=dev.tables[:, : -(-max_len // bsz_)],
+            context_lens=dev.lens,
             max_context_len=max_len,
             use_triton=self.use_triton,
         )
-        pos = self._to_device(positions, torch.int64)
-        hidden = self.model(
-            self._to_device(ids, torch.int64), self.cos_sin[pos], self.k_cache, self.v_cache, ctx
-        )
-        return self.model.logits(hidden)
+        hidden = self.model(dev.ids, self.cos_sin[dev.pos], self.k_cache, self.v_cache, ctx)
+        return self.sample(self.model.logits(hidden), sb)
+
+    def sample(self, logits: torch.Tensor, sb: SamplingBatch) -> tuple[list[int], list[float]]:
+        def put(x: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(x).to(self.device)
+
+        top_k, top_p = (put(sb.top_k), put(sb.top_p)) if sb.filtered else (None, None)
+        tokens, logprobs = sampler.sample(logits, put(sb.temperatures), put(sb.keys), top_k, top_p)
+        return tokens.tolist(), logprobs.tolist()
 
     # ---- CUDA graphs --------------------------------------------------------------------------------------
     def _graph_size(self, bsz: int) -> int:
-        if not self.graphs:
-            return 0
         return next((b for b in sorted(self.graphs) if b >= bsz), 0)
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:
-        """Capture decode for padded batch sizes up to max_num_seqs; launch overhead then vanishes."""
+        """Capture decode plus sampling for padded batch sizes up to max_num_seqs.
+
+        Inputs travel in one pinned buffer and one copy; the graph reads views of its device twin.
+        """
         if not (self.use_cuda_graphs and self.use_triton):
             return
         sizes = [b for b in GRAPH_BATCH_SIZES if b < self.max_num_seqs] + [self.max_num_seqs]
         n = max(sizes)
-        self.static = {
-            "ids": torch.zeros(n, dtype=torch.int64, device=self.device),
-            "pos": torch.zeros(n, dtype=torch.int64, device=self.device),
-            "slots": torch.full(
-                (n,), self.scratch_block * self.block_size, dtype=torch.int64, device=self.device
-            ),
-            "tables": torch.full(
-                (n, self.max_blocks), self.scratch_block, dtype=torch.int32, device=self.device
-            ),
-            "lens": torch.ones(n, dtype=torch.int32, device=self.device),
-        }
-        st = self.static
+        self.staging = _Staging(n, self.max_blocks, pinned=True)
+        self.staging.fill_padding(n, self.scratch_block, self.block_size)
+        self.staging.temps[:] = 1.0
+        self.static_in = self.staging.buf.to(self.device)
+        dev = _Staging.to_device(self.staging, self.device, self.static_in)
         pool = None
         for b in sorted(sizes, reverse=True):
             ctx = AttentionContext(
                 is_prefill=False,
-                slot_mapping=st["slots"][:b],
-                block_tables=st["tables"][:b],
-                context_lens=st["lens"][:b],
+                slot_mapping=dev.slots[:b],
+                block_tables=dev.tables[:b],
+                context_lens=dev.lens[:b],
                 use_triton=True,
             )
 
             def run(b=b, ctx=ctx):
-                h = self.model(st["ids"][:b], self.cos_sin[st["pos"][:b]], self.k_cache, self.v_cache, ctx)
-                return self.model.logits(h)
+                h = self.model(dev.ids[:b], self.cos_sin[dev.pos[:b]], self.k_cache, self.v_cache, ctx)
+                logits = self.model.logits(h)
+                return (logits, *sampler.sample_triton(logits, dev.temps[:b], dev.keys[:b]))
 
             run()  # warm up (Triton compile, cuBLAS handles) outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                out = run()
+                outs = run()
             pool = graph.pool()
-            self.graphs[b] = (graph, out)
+            self.graphs[b] = (graph, *outs)
         torch.cuda.synchronize()
 
-    def _replay(self, b, ids, positions, slots, block_tables, lens) -> torch.Tensor:
-        st = self.static
-        st["ids"][:b].copy_(torch.from_numpy(ids), non_blocking=True)
-        st["pos"][:b].copy_(torch.from_numpy(positions), non_blocking=True)
-        st["slots"][:b].copy_(torch.from_numpy(slots), non_blocking=True)
-        st["lens"][:b].copy_(torch.from_numpy(lens), non_blocking=True)
-        st["tables"][:b].copy_(block_tables, non_blocking=True)
-        graph, out = self.graphs[b]
-        graph.replay()
-        return out
+
+class _Staging:
+    """Decode inputs for up to n rows in one int64 buffer: ids, positions, slots, context lengths, sampling keys,
+    block tables, then temperatures (float32 viewed over the tail). One host-to-device copy per step."""
+
+    def __init__(self, n: int, width: int, pinned: bool, buf: torch.Tensor | None = None):
+        self.n, self.width = n, width
+        size = 5 * n + n * width + -(-n // 2)
+        self.buf = buf if buf is not None else torch.empty(size, dtype=torch.int64, pin_memory=pinned)
+        view = self.buf if buf is not None else self.buf.numpy()
+        self.ids, self.pos, self.slots, self.lens, self.keys = (view[i * n : (i + 1) * n] for i in range(5))
+        self.tables = view[5 * n : 5 * n + n * width].reshape(n, width)
+        tail = view[5 * n + n * width :]
+        self.temps = tail.view(torch.float32)[:n] if buf is not None else tail.view(np.float32)[:n]
+
+    def fill_padding(self, rows: int, scratch_block: int, block_size: int) -> None:
+        """Rows past the batch read and write only the scratch block."""
+        self.ids[:rows], self.pos[:rows], self.lens[:rows] = 0, 0, 1
+        self.slots[:rows] = scratch_block * block_size
+        self.tables[:rows] = scratch_block
+        self.temps[:rows] = 1.0
+
+    @staticmethod
+    def to_device(st: _Staging, device: torch.device, dst: torch.Tensor | None = None) -> _Staging:
+        if dst is None:
+            dst = st.buf.to(device) if device.type == "cuda" else st.buf
+        return _Staging(st.n, st.width, pinned=False, buf=dst)

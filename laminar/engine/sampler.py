@@ -10,7 +10,9 @@ softmax when greedy), the quantity the trainer recomputes. On CUDA one Triton ke
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 try:
@@ -23,8 +25,8 @@ M32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9
 
 
-def mix32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 (Wellons) on uint32 values held in int64; exact on any device."""
+def mix32(x):
+    """lowbias32 (Wellons) on uint32 values held in int64 (torch or numpy); exact on any device."""
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & M32
     x = x ^ (x >> 15)
@@ -48,7 +50,7 @@ def request_key(seed: int, request_id: str) -> int:
     return mix32_int(k ^ zlib.crc32(request_id.encode()))
 
 
-def row_keys(request_keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def row_keys(request_keys, positions):
     """[B] int64 key of each row's draw: request key mixed with the position being sampled."""
     return mix32(request_keys ^ mix32(positions & M32))
 
@@ -101,12 +103,35 @@ def sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     keys: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if logits.is_cuda and triton is not None and not bool(((top_k > 0) | (top_p < 1)).any()):
-        return sample_triton(logits, temperature, keys)
+    """top_k/top_p None: no row filters (the host knows, so no device sync is needed to find out)."""
+    if top_k is None or top_p is None:
+        if logits.is_cuda and triton is not None:
+            return sample_triton(logits, temperature, keys)
+        top_k = torch.zeros(len(keys), dtype=torch.int64, device=logits.device)
+        top_p = torch.ones(len(keys), dtype=torch.float32, device=logits.device)
     return sample_torch(logits, temperature, keys, top_k, top_p)
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling inputs of one step, built on the host with numpy (cheap for any batch size)."""
+
+    temperatures: np.ndarray  # float32
+    keys: np.ndarray  # int64: row_keys of (request key, position)
+    top_k: np.ndarray  # int64
+    top_p: np.ndarray  # float32
+    filtered: bool  # some row uses top-k or top-p
+
+    @classmethod
+    def of(cls, params: list, request_keys: list[int], positions: list[int]) -> SamplingBatch:
+        top_k = np.array([p.top_k for p in params], dtype=np.int64)
+        top_p = np.array([p.top_p for p in params], dtype=np.float32)
+        keys = row_keys(np.array(request_keys, dtype=np.int64), np.array(positions, dtype=np.int64))
+        temps = np.array([p.temperature for p in params], dtype=np.float32)
+        return cls(temps, keys, top_k, top_p, bool((top_k > 0).any() or (top_p < 1).any()))
 
 
 if triton is not None:

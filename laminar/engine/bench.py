@@ -1,0 +1,285 @@
+"""`laminar bench engine`: decode throughput by batch size against Hugging Face `generate`, the memory roofline,
+and B, the batch size past which doubling the batch adds less than 10% throughput (the repack planner needs it).
+
+Both sides run the same random model (the engine gets the HF model's state dict), the same prompt length and the
+same number of new tokens, sampling at temperature 1 with EOS ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from laminar.engine.config import ModelConfig, SamplingParams
+from laminar.engine.engine import Engine
+
+SHAPES = {
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        hidden_size=3584,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
+    "tiny": dict(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=768,
+        vocab_size=8192,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def build_hf_model(name: str, device: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    if name in SHAPES:
+        cfg = Qwen2Config(**SHAPES[name], max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e6)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device)
+    return model.eval().requires_grad_(False)
+
+
+def measure_bandwidth(device: str) -> float:
+    """Bytes read plus written per second by a large device copy (the roofline's denominator)."""
+    n = (1 << 30) if device == "cuda" else (1 << 28)
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        times.append(time.perf_counter() - t)
+    del src, dst
+    return 2 * n / sorted(times[2:])[len(times[2:]) // 2]
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_engine(engine: Engine, batch: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
+    for i in range(batch):
+        prompt = torch.randint(10, vocab, (prompt_len,), generator=g).tolist()
+        engine.add_request(f"{seed}-{i}", prompt, SamplingParams(**{**params.__dict__, "seed": i}))
+    prefill_s = decode_s = 0.0
+    decode_steps = decode_tokens = 0
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        t = time.perf_counter()
+        out = engine.step()
+        dt = time.perf_counter() - t
+        if out.is_prefill:
+            prefill_s += dt
+        else:
+            decode_s += dt
+            decode_steps += 1
+            decode_tokens += len(out.new_tokens)
+    total = time.perf_counter() - start
+    return {
+        "batch": batch,
+        "decode_tokens_per_s": decode_tokens / decode_s,
+        "e2e_tokens_per_s": batch * new_tokens / total,
+        "decode_step_ms": 1e3 * decode_s / decode_steps,
+        "prefill_s": prefill_s,
+        "total_s": total,
+    }
+
+
+def bench_hf(model, batch: int, prompt_len: int, new_tokens: int, vocab: int, device: str) -> dict:
+    g = torch.Generator().manual_seed(batch)
+    ids = torch.randint(10, vocab, (batch, prompt_len), generator=g).to(device)
+    kw = dict(
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        pad_token_id=0,
+    )
+    with torch.inference_mode():
+        sync(device)
+        t = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        sync(device)
+        total = time.perf_counter() - t
+    assert out.shape[1] == prompt_len + new_tokens
+    return {"batch": batch, "e2e_tokens_per_s": batch * new_tokens / total, "total_s": total}
+
+
+def knee(rows: list[dict], key: str = "decode_tokens_per_s") -> int:
+    """The batch size past which doubling adds less than 10% throughput."""
+    by_batch = {r["batch"]: r[key] for r in rows}
+    for b in sorted(by_batch):
+        if 2 * b in by_batch and by_batch[2 * b] < 1.1 * by_batch[b]:
+            return b
+    return max(by_batch)
+
+
+def run_model(name: str, args, device: str, dtype: torch.dtype, bandwidth: float) -> dict:
+    hf = build_hf_model(name, device, dtype)
+    cfg = ModelConfig.from_hf(hf.config)
+    max_len = args.prompt_len + args.new_tokens
+    block_size = 16
+    blocks_per_seq = -(-(max_len + 1) // block_size)
+    t = time.perf_counter()
+    engine = Engine(
+        cfg,
+        weights=hf.state_dict(),
+        device=device,
+        dtype=dtype,
+        max_num_seqs=max(args.batch_sizes),
+        num_kv_blocks=max(args.batch_sizes) * blocks_per_seq + 8,
+        block_size=block_size,
+        max_model_len=max_len + 16,
+    )
+    setup_s = time.perf_counter() - t
+    print(
+        f"[{name}] engine ready in {setup_s:.1f}s (CUDA graphs: {sorted(engine.runner.graphs)})", flush=True
+    )
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
+    # the embedding table is read only at B rows; when untied it is not part of the per-step stream
+    if not cfg.tie_word_embeddings:
+        weight_bytes -= (
+            engine.runner.model.model.embed_tokens.weight.numel() * engine.runner.k_cache.element_size()
+        )
+    kv_per_token = engine.runner.kv_bytes_per_block(cfg, 1, dtype)
+
+    bench_engine(
+        engine, min(4, max(args.batch_sizes)), args.prompt_len, 16, cfg.vocab_size, seed=999
+    )  # warm up
+    rows = []
+    for b in args.batch_sizes:
+        r = bench_engine(engine, b, args.prompt_len, args.new_tokens, cfg.vocab_size, seed=b)
+        mean_ctx = args.prompt_len + args.new_tokens / 2
+        roof_bytes = weight_bytes + b * mean_ctx * kv_per_token
+        r["roofline_bytes_per_step"] = roof_bytes
+        r["roofline_step_ms"] = 1e3 * roof_bytes / bandwidth
+        r["step_over_roofline"] = r["decode_step_ms"] / r["roofline_step_ms"]
+        r["preemptions"] = engine.stats().num_preemptions
+        rows.append(r)
+        print(
+            f"[{name}] engine batch {b:4d}: decode {r['decode_tokens_per_s']:9.0f} tok/s  e2e "
+            f"{r['e2e_tokens_per_s']:9.0f} tok/s  step {r['decode_step_ms']:7.2f} ms  roofline "
+            f"{r['roofline_step_ms']:6.2f} ms (x{r['step_over_roofline']:.2f})",
+            flush=True,
+        )
+    del engine
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+    hf_rows = []
+    for b in args.hf_batch_sizes or []:
+        r = bench_hf(hf, b, args.prompt_len, args.new_tokens, cfg.vocab_size, device)
+        hf_rows.append(r)
+        print(
+            f"[{name}] HF generate batch {b:4d}: {r['e2e_tokens_per_s']:9.0f} tok/s ({r['total_s']:.1f}s)",
+            flush=True,
+        )
+    del hf
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+    eng = {r["batch"]: r for r in rows}
+    speedup = {
+        str(h["batch"]): eng[h["batch"]]["e2e_tokens_per_s"] / h["e2e_tokens_per_s"]
+        for h in hf_rows
+        if h["batch"] in eng
+    }
+    return {
+        "model": name,
+        "shape": {
+            k: getattr(cfg, k)
+            for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size")
+        },
+        "weight_bytes_per_step": weight_bytes,
+        "kv_bytes_per_token": kv_per_token,
+        "engine": rows,
+        "hf_generate": hf_rows,
+        "speedup_e2e_vs_hf": speedup,
+        "B": knee(rows),
+        "engine_setup_s": setup_s,
+    }
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="laminar bench engine", description=__doc__)
+    p.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu"
+    )
+    p.add_argument("--out", default="results")
+    p.add_argument("--model", nargs="+", default=None, help=f"{sorted(SHAPES)} or a local HF directory")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=None)
+    p.add_argument(
+        "--hf-batch-sizes", type=int, nargs="*", default=None, help="default: the same as --batch-sizes"
+    )
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=None, help="default: 1024 on cuda, 128 on cpu")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None)
+    args = p.parse_args(argv)
+    cuda = args.device == "cuda"
+    args.model = args.model or (["qwen2.5-0.5b"] if cuda else ["tiny"])
+    args.batch_sizes = args.batch_sizes or (
+        [1, 2, 4, 8, 16, 32, 64, 128, 256] if cuda else [1, 4, 16, 32, 64]
+    )
+    if args.hf_batch_sizes is None:
+        args.hf_batch_sizes = args.batch_sizes
+    args.new_tokens = args.new_tokens or (1024 if cuda else 128)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))
+    bandwidth = measure_bandwidth(args.device)
+    device_name = (
+        torch.cuda.get_device_name() if cuda else f"{platform.processor() or platform.machine()} CPU"
+    )
+    print(f"device {device_name}: copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
+    result = {
+        "device": args.device,
+        "device_name": device_name,
+        "cpu_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "bandwidth_bytes_per_s": bandwidth,
+        "command": "laminar bench engine " + " ".join(argv),
+        "runs": [],
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"engine-{args.device}.json"
+    for name in args.model:
+        result["runs"].append(run_model(name, args, args.device, dtype, bandwidth))
+        path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+    for run in result["runs"]:
+        print(f"{run['model']}: B = {run['B']}, speedup vs HF generate (e2e) {run['speedup_e2e_vs_hf']}")
+    return 0
