@@ -92,6 +92,7 @@ class BufferConfig:
 class ScheduleConfig:
     name: str = "laminar"
     staleness: int = 2  # k for stream / partial
+    global_push: bool = False  # laminar ablation: wait for every relay to hold each version (a global push)
 
 
 @dataclass

@@ -72,8 +72,8 @@ class RolloutManager:
                                         "version": version, "groups": [g.group_id for g in groups]})
                     return groups
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
+            if remaining <= 0 or version < self.trainer_version:
+                return []  # a replica behind the trainer pulls before asking again
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), remaining)

@@ -53,7 +53,7 @@ class RolloutReplica:
     def __init__(self, replica_id: int, make_engine: Callable[[], Any], *, manager: Any, relay: Any,
                  partial_pool: Any, buffer: Any, scorer: Any, sampling: dict[str, Any], run_seed: int,
                  progress_every: int = 8, heartbeat_s: float = 1.0, timeout_s: float = 120.0,
-                 torch_threads: int = 1) -> None:
+                 torch_threads: int = 1, interrupt_on_update: bool = False) -> None:
         torch.set_num_threads(torch_threads)  # Ray gives fractional-CPU actors one OMP thread; say so explicitly
         self.id = replica_id
         self.engine = make_engine()
@@ -64,6 +64,7 @@ class RolloutReplica:
         self.progress_every = progress_every
         self.heartbeat_s = heartbeat_s
         self.timeout_s = timeout_s
+        self.interrupt_on_update = interrupt_on_update  # the `partial` baseline; Laminar never does this
         self.inflight: dict[str, InFlight] = {}
         self.commands: queue.Queue[_Command] = queue.Queue()
         self.score_pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"score-{replica_id}")
@@ -192,9 +193,21 @@ class RolloutReplica:
             steps += 1
             if steps % self.progress_every == 0:
                 self._report_progress(out)
+                if self.interrupt_on_update:
+                    self._resume_on_newer_version()
             self._beat()
             self._apply_commands()
         self._beat(force=True)
+
+    def _resume_on_newer_version(self) -> None:
+        """Partial rollout: interrupt everything in flight, load the newer version, re-prefill and go on."""
+        held = ray.get(self.relay.latest.remote(), timeout=self.timeout_s)
+        if held is None or held.version <= self.engine.version:
+            return
+        exported = [self.engine.export_request(rid) for rid in list(self.inflight)]
+        self._pull()
+        for e in exported:
+            self.engine.import_request(e)
 
     def _report_progress(self, out: Any) -> None:
         updates = {}

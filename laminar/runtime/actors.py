@@ -37,10 +37,18 @@ class BufferActor:
             self.manager.group_done.remote(traj.replica, traj.group_id)
         return added
 
-    def take(self, count: int, version: int, timeout_s: float) -> list[list[Trajectory]]:
+    def take(self, count: int, version: int, timeout_s: float, group_ids: list[int] | None = None,
+             oldest_first: bool = False) -> list[list[Trajectory]]:
+        """`count` complete groups: the buffer's sampler (FIFO), or exactly `group_ids`, or oldest version first."""
         deadline = time.monotonic() + timeout_s
+        sampler = self.buffer.sampler
+        if group_ids is not None:
+            wanted = set(group_ids)
+            sampler = lambda ready, n, v: [i for i, g in enumerate(ready) if g[0].group_id in wanted]  # noqa: E731
+        elif oldest_first:
+            sampler = lambda ready, n, v: sorted(range(len(ready)), key=lambda i: (ready[i][0].version, i))[:n]  # noqa: E731
         with self.cond:
-            while (groups := self.buffer.sample(count, version)) is None:
+            while (groups := self._sample(sampler, count, version)) is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(
@@ -50,6 +58,16 @@ class BufferActor:
                     )
                 self.cond.wait(left)
             return groups
+
+    def _sample(self, sampler, count: int, version: int) -> list[list[Trajectory]] | None:
+        ready = sampler(self.buffer.ready, count, version)
+        if len(ready) < count:
+            return None
+        default, self.buffer.sampler = self.buffer.sampler, sampler
+        try:
+            return self.buffer.sample(count, version)
+        finally:
+            self.buffer.sampler = default
 
     def num_ready(self) -> int:
         return self.buffer.num_ready()

@@ -133,18 +133,26 @@ class Runtime:
             i, _EngineFactory(self.model_path, cfg), _ScorerFactory(self.model_path, cfg.task.reward),
             manager=self.manager, partial_pool=self.partial_pool, buffer=self.buffer, sampling=sampling,
             run_seed=cfg.run.seed, progress_every=r.progress_every, heartbeat_s=r.heartbeat_s,
-            timeout_s=cfg.run.timeout_s)
+            timeout_s=cfg.run.timeout_s, interrupt_on_update=cfg.schedule.name == "partial")
 
     # ---- the operations schedules are made of --------------------------------------------------------------
-    def take(self, count: int) -> list[list[Trajectory]]:
-        """Complete groups from the experience buffer (FIFO), waiting for them with the run's timeout."""
-        return ray.get(self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s))
+    def take(self, count: int, group_ids: range | None = None, oldest_first: bool = False) -> list[list[Trajectory]]:
+        """Complete groups from the experience buffer, waiting for them with the run's timeout: FIFO by
+        completion, or exactly `group_ids` (a whole batch), or oldest version first (bounded staleness)."""
+        ids = None if group_ids is None else list(group_ids)
+        return ray.get(self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids, oldest_first))
 
-    def train(self, groups: list[list[Trajectory]]) -> dict[str, Any]:
-        """One trainer step plus its publish; logs the step and tells the manager."""
+    def train(self, groups: list[list[Trajectory]], push: bool = False) -> dict[str, Any]:
+        """One trainer step plus its publish; logs the step and tells the manager. `push` makes the publish a
+        global push: the step ends only when every relay holds the new version (the baselines' broadcast)."""
         m = ray.get(self.trainer.step.remote(groups), timeout=self.cfg.run.timeout_s * 5)
         self.version = m["version"]
         self.publish_times[self.version] = m["t_publish"]
+        if push:
+            t = time.time()
+            ray.get([r.wait_version.remote(self.version, self.cfg.run.timeout_s) for r in self.relays[1:]],
+                    timeout=self.cfg.run.timeout_s)
+            m["stall_s"] += time.time() - t
         for tid in m.pop("traj_ids"):
             if tid in self.trained_ids:
                 self.duplicated += 1
