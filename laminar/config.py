@@ -26,10 +26,14 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = "reverse"  # built-in task (laminar.data.tasks) or a JSONL path
+    name: str = "reverse"  # reverse (the demo) | lengths (benchmarks) | a JSONL path
     reward: str = ""  # dotted path module:function; empty = the task's own reward
     num_prompts: int = 4096
     seed: int = 0
+    # the `lengths` workload (benchmarks): response lengths fixed per prompt, end-of-sequence ignored
+    length_median: int = 64
+    length_p99_ratio: float = 10.0
+    lengths_file: str = ""
 
 
 @dataclass
@@ -212,6 +216,13 @@ def validate(cfg: Config) -> None:
     if cfg.model.path:
         _check(Path(cfg.model.path).is_dir(), "model.path", cfg.model.path,
                "a local Hugging Face model directory (config.json + *.safetensors)")
+    _check(cfg.task.name in ("reverse", "lengths") or cfg.task.name.endswith(".jsonl"), "task.name", cfg.task.name,
+           "reverse (the demo), lengths (the benchmark workload) or a .jsonl file of rows")
+    if cfg.task.reward:
+        _check(":" in cfg.task.reward, "task.reward", cfg.task.reward, "a dotted path module:function")
+    _check(cfg.task.num_prompts >= 1, "task.num_prompts", cfg.task.num_prompts, "at least 1")
+    _check(cfg.task.length_median >= 1, "task.length_median", cfg.task.length_median, "at least 1 token")
+    _check(cfg.task.length_p99_ratio >= 1, "task.length_p99_ratio", cfg.task.length_p99_ratio, "at least 1")
     r, t = cfg.rollout, cfg.trainer
     _check(r.replicas >= 1, "rollout.replicas", r.replicas, "at least 1")
     _check(r.groups_per_batch >= 1, "rollout.groups_per_batch", r.groups_per_batch, "at least 1")

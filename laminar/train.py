@@ -63,7 +63,7 @@ class Progress:
               f"  stall {1000 * m['stall_s']:.1f} ms  mismatch {m.get('logprob_mismatch', 0.0):.4f}", flush=True)
 
 
-def train(cfg: Config, out: Path) -> dict[str, Any]:
+def train(cfg: Config, out: Path, quiet: bool = False) -> dict[str, Any]:
     import ray
 
     from laminar import schedules
@@ -83,7 +83,7 @@ def train(cfg: Config, out: Path) -> dict[str, Any]:
           f"model {model_path}, run folder {out}", flush=True)
     t_start = time.time()
     try:
-        schedule.run(rt, cfg.trainer.steps, Progress(cfg.trainer.steps, t_start))
+        schedule.run(rt, cfg.trainer.steps, (lambda m: None) if quiet else Progress(cfg.trainer.steps, t_start))
     finally:
         wall = time.time() - t_start
         end = rt.stop()
@@ -109,6 +109,7 @@ def train(cfg: Config, out: Path) -> dict[str, Any]:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_run(recorder.records, out)
     recorder.close()
+    rt.shutdown()
     return summary
 
 

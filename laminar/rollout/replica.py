@@ -176,7 +176,9 @@ class RolloutReplica:
             self.partial_pool.start.remote(group, self.id, self.engine.version)
             for i in range(group.n):
                 rid = group.traj_id(i)
-                params = SamplingParams(seed=sample_seed(self.run_seed, rid), **self.sampling)
+                # a row may fix its own sampling (the length-controlled benchmark workload does)
+                sampling = {**self.sampling, **group.meta.get("sampling", {})}
+                params = SamplingParams(seed=sample_seed(self.run_seed, rid), **sampling)
                 self.engine.add_request(rid, group.prompt_ids, params)
                 self.inflight[rid] = InFlight(group, i, self.engine.version, now)
 

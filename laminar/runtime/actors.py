@@ -134,6 +134,7 @@ class TrainerActor:
             "tokens": sum(t.num_tokens for t in trajs),
             "response_tokens": sum(len(t.response_ids) for t in trajs),
             "reward_mean": sum(t.reward for t in trajs) / max(len(trajs), 1),
+            "reprefill_tokens": sum(t.reprefill_tokens for t in trajs),
             "staleness": [consumer_version - t.version for t in trajs],
             "traj_ids": [t.traj_id for t in trajs],
             "traj_versions": {t.traj_id: sorted(t.versions) for t in trajs},

@@ -15,7 +15,7 @@ import ray
 import torch
 
 from laminar.config import Config
-from laminar.data.records import PromptGroup, Trajectory
+from laminar.data.records import Trajectory
 from laminar.manager.manager import Dispatch, RolloutManager
 from laminar.relay.chain import build_chain, relay_on_node
 from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor, ReplicaActor, TrainerActor
@@ -32,6 +32,12 @@ def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
 
     if cfg.task.name == "reverse":
         return ReverseTask(seed=cfg.task.seed).rows(cfg.task.num_prompts)
+    if cfg.task.name == "lengths":
+        from laminar.data.lengths import LengthWorkload
+
+        t = cfg.task
+        return LengthWorkload(median=t.length_median, p99_ratio=t.length_p99_ratio, lengths_file=t.lengths_file,
+                              max_len=cfg.rollout.max_new_tokens, seed=t.seed).rows(t.num_prompts)
     if Path(cfg.task.name).suffix == ".jsonl":
         return load_jsonl(cfg.task.name, required={"prompt": str})
     raise ValueError(f"task.name={cfg.task.name!r}: expected 'reverse' (built in) or a .jsonl file of rows")
@@ -54,15 +60,16 @@ class _EngineFactory:
 
 
 class _ScorerFactory:
-    def __init__(self, model_path: str, reward: str) -> None:
-        self.model_path, self.reward = model_path, reward
+    def __init__(self, model_path: str, reward: str, task: str) -> None:
+        self.model_path, self.reward, self.task = model_path, reward, task
 
     def __call__(self) -> Any:
         from laminar.data.tasks import TaskCodec
         from laminar.rewards.loader import DEFAULT_REWARD, RewardScorer
 
         codec = TaskCodec.from_dir(self.model_path)
-        return RewardScorer(self.reward or DEFAULT_REWARD, codec.decode)
+        default = "laminar.data.lengths:length_reward" if self.task == "lengths" else DEFAULT_REWARD
+        return RewardScorer(self.reward or default, codec.decode)
 
 
 @dataclass
@@ -130,7 +137,7 @@ class Runtime:
     def _new_replica(self, i: int, sampling: dict[str, Any]) -> Any:
         cfg, r = self.cfg, self.cfg.rollout
         return ReplicaActor.options(num_cpus=r.num_cpus, num_gpus=r.num_gpus if use_cuda(cfg) else 0).remote(
-            i, _EngineFactory(self.model_path, cfg), _ScorerFactory(self.model_path, cfg.task.reward),
+            i, _EngineFactory(self.model_path, cfg), _ScorerFactory(self.model_path, cfg.task.reward, cfg.task.name),
             manager=self.manager, partial_pool=self.partial_pool, buffer=self.buffer, sampling=sampling,
             run_seed=cfg.run.seed, progress_every=r.progress_every, heartbeat_s=r.heartbeat_s,
             timeout_s=cfg.run.timeout_s, interrupt_on_update=cfg.schedule.name == "partial")
@@ -191,8 +198,18 @@ class Runtime:
         inflight = ray.get(self.partial_pool.stats.remote(), timeout=self.cfg.run.timeout_s)
         return {"buffer": buf, "partial": inflight}
 
-    def pending_groups(self) -> list[PromptGroup]:
-        return []
+    def shutdown(self) -> None:
+        """Free every actor and the relays' shared memory (a process may run several runtimes in a row)."""
+        for relay in self.relays:
+            try:
+                ray.get(relay.shutdown.remote(), timeout=10)
+            except ray.exceptions.RayError:
+                pass  # already dead; its node's /dev/shm is swept by the next relay there
+        actors = [self.trainer, self.manager, self.buffer, self.prompt_pool, self.partial_pool,
+                  *self.relays, *self.replicas.values()]
+        for actor in actors:
+            if actor is not None:
+                ray.kill(actor)
 
 
 def wait_until(predicate: Any, timeout_s: float, what: str, poll_s: float = 0.05) -> None:

@@ -1,0 +1,162 @@
+"""`laminar bench schedules`: every schedule on the same length-controlled workload, the same parts, the same
+machine and the same number of trainer steps, one after another in one process; a table of ratios to `sync`.
+
+Writes `DIR/schedules.json`, `DIR/schedules.md` and plots (throughput bars, per-replica busy/idle timelines,
+staleness histograms). A benchmark, never a test: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from laminar.config import load_config  # noqa: E402
+
+# (label, schedule, extra overrides): the four baselines, Laminar, and its two ablations
+VARIANTS = [
+    ("sync", "sync", []),
+    ("one_step", "one_step", []),
+    ("stream", "stream", []),
+    ("partial", "partial", []),
+    ("laminar", "laminar", []),
+    ("laminar-norepack", "laminar", ["repack.enabled=false"]),
+    ("laminar-globalpush", "laminar", ["schedule.global_push=true"]),
+]
+
+CPU_DEFAULTS = [
+    "task.name=lengths", "task.length_median=10", "task.length_p99_ratio=10", "rollout.max_new_tokens=96",
+    "rollout.replicas=3", "rollout.groups_per_batch=2", "trainer.groups_per_step=4", "trainer.group_size=4",
+    "trainer.steps=10", "trainer.warmup_steps=2", "buffer.capacity_groups=12", "schedule.staleness=2",
+]
+
+
+def utilisation(records: list[dict[str, Any]], wall: float) -> dict[str, float]:
+    """Busy decode time over wall time, and the mean running batch while busy, averaged over replicas."""
+    last: dict[int, dict[str, Any]] = {}
+    running = defaultdict(list)
+    for r in records:
+        if r["kind"] == "replica":
+            last[r["replica"]] = r
+            if r["running"] > 0:
+                running[r["replica"]].append(r["running"])
+    if not last:
+        return {"busy": 0.0, "mean_running": 0.0}
+    busy = sum(r["busy_s"] for r in last.values()) / (len(last) * wall)
+    mean_running = sum(sum(v) / len(v) for v in running.values() if v) / max(len(running), 1)
+    return {"busy": round(busy, 4), "mean_running": round(mean_running, 2)}
+
+
+def run_variant(label: str, schedule: str, overrides: list[str], out: Path) -> dict[str, Any]:
+    from laminar.train import train
+
+    cfg = load_config(None, [*overrides, f"schedule.name={schedule}", f"run.out={out / label}"])
+    t = time.time()
+    summary = train(cfg, out / label, quiet=True)
+    records = [json.loads(line) for line in (out / label / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    summary["label"] = label
+    summary["utilisation"] = utilisation(records, summary["wall_s"])
+    summary["reprefill_tokens"] = sum(r.get("reprefill_tokens", 0) for r in steps)
+    summary["staleness_values"] = [s for r in steps for s in r["staleness"]]
+    summary["timeline"] = [
+        {k: r[k] for k in ("t", "replica", "running", "version")} for r in records if r["kind"] == "replica"
+    ]
+    print(f"{label:>20}: train {summary['train_tokens_per_s']:8.1f} tok/s  gen {summary['gen_tokens_per_s']:8.1f}"
+          f" tok/s  staleness p99 {summary['staleness']['p99']:.0f}  ({time.time() - t:.0f}s)", flush=True)
+    return summary
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    base = next((r for r in results if r["label"] == "sync"), results[0])
+
+    def ratio(r: dict[str, Any], key: str) -> str:
+        b = base[key]
+        return f"{r[key]:.1f} ({r[key] / b:.2f}x)" if b else f"{r[key]:.1f}"
+
+    lines = [
+        "| schedule | training tok/s (vs sync) | generation tok/s (vs sync) | replica busy | mean running "
+        "| staleness p50/p99/max | actor stall mean/max (s) | re-prefilled tokens |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        s, st = r["staleness"], r["actor_stall_s"]
+        lines.append(
+            f"| {r['label']} | {ratio(r, 'train_tokens_per_s')} | {ratio(r, 'gen_tokens_per_s')} "
+            f"| {r['utilisation']['busy']:.2f} | {r['utilisation']['mean_running']:.1f} "
+            f"| {s['p50']:.0f}/{s['p99']:.0f}/{s['max']} | {st['mean']:.3f}/{st['max']:.3f} | {r['reprefill_tokens']} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], out: Path) -> None:
+    labels = [r["label"] for r in results]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
+    ax[0].bar(labels, [r["train_tokens_per_s"] for r in results], color="tab:blue")
+    ax[0].set(title="Training throughput", ylabel="trained tokens/s")
+    ax[1].bar(labels, [r["gen_tokens_per_s"] for r in results], color="tab:orange")
+    ax[1].set(title="Generation throughput", ylabel="response tokens/s")
+    for a in ax:
+        a.tick_params(axis="x", rotation=35)
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(len(results), 1, figsize=(9, 1.5 * len(results)), sharex=True, squeeze=False)
+    for ax, r in zip(axes[:, 0], results):
+        by_rep = defaultdict(list)
+        for row in r["timeline"]:
+            by_rep[row["replica"]].append(row)
+        for rep, rows in sorted(by_rep.items()):
+            for a, b in zip(rows, rows[1:]):
+                ax.barh(rep, b["t"] - a["t"], left=a["t"], color="tab:green" if a["running"] else "lightgrey",
+                        height=0.8, linewidth=0)
+        ax.set_ylabel(r["label"], rotation=0, ha="right", fontsize=8)
+        ax.set_yticks([])
+    axes[-1, 0].set_xlabel("wall time (s); green = decoding, grey = idle")
+    fig.tight_layout()
+    fig.savefig(out / "timelines.png", dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(results), figsize=(2.2 * len(results), 2.6), sharey=True, squeeze=False)
+    for ax, r in zip(axes[0], results):
+        v = r["staleness_values"]
+        if v:
+            ax.hist(v, bins=range(0, max(v) + 2), align="left", rwidth=0.8)
+        ax.set_title(r["label"], fontsize=8)
+        ax.set_xlabel("staleness")
+    fig.tight_layout()
+    fig.savefig(out / "staleness.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="laminar bench schedules", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="results/schedules-cpu")
+    ap.add_argument("--only", default="", help="comma-separated labels to run (default: all)")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides applied to every schedule")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = [v for v in VARIANTS if not args.only or v[0] in args.only.split(",")]
+    overrides = [*CPU_DEFAULTS, *args.overrides]
+    results = [run_variant(label, sched, [*overrides, *extra], out) for label, sched, extra in chosen]
+    slim = [{k: v for k, v in r.items() if k not in ("timeline", "staleness_values")} for r in results]
+    meta = {"machine": platform.node(), "processor": platform.processor() or platform.machine(),
+            "overrides": overrides, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (out / "schedules.json").write_text(json.dumps({"meta": meta, "results": slim}, indent=2))
+    md = f"# Schedules on one workload\n\n`laminar bench schedules {' '.join(args.overrides)}`, {meta['when']}\n\n"
+    (out / "schedules.md").write_text(md + table(results) + "\n")
+    plot(results, out)
+    print(table(results))
+    return 0
