@@ -1,0 +1,66 @@
+"""Placing relays on nodes and linking them into the chain the manager orders.
+
+The chain is a list of relay handles, master first. Linking is idempotent: a relay whose downstream is
+unchanged keeps its connection; one whose downstream changed offers its newest version to the new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from laminar.relay.relay import RelayActor
+
+
+def relay_on_node(node_id: str, name: str, **relay_kwargs: Any) -> Any:
+    """Start one relay actor pinned to a Ray node (hard affinity: it must share /dev/shm with its readers)."""
+    return RelayActor.options(
+        name=None,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+    ).remote(name, **relay_kwargs)
+
+
+def place_relays(node_ids: list[str], *, prefix: str = "relay", **relay_kwargs: Any) -> list[Any]:
+    """One relay per node, in the given order (the master's node first)."""
+    return [relay_on_node(nid, f"{prefix}-{i}", **relay_kwargs) for i, nid in enumerate(node_ids)]
+
+
+def alive_node_ids() -> list[str]:
+    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+
+
+def build_chain(relays: list[Any], *, timeout: float = 30.0) -> list[tuple[str, int]]:
+    """Link relays[i] -> relays[i+1]; the last gets no downstream. Returns their addresses."""
+    addrs = ray.get([r.address.remote() for r in relays], timeout=timeout)
+    downs = [*addrs[1:], None]
+    ray.get([r.set_downstream.remote(d) for r, d in zip(relays, downs)], timeout=timeout)
+    return [tuple(a) for a in addrs]
+
+
+def live_relays(relays: list[Any], *, timeout: float = 5.0) -> list[Any]:
+    """The relays that answer a ping within `timeout` (a dead actor raises; a hung one times out)."""
+    refs = [r.ping.remote() for r in relays]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    alive = []
+    for r, ref in zip(relays, refs):
+        if ref not in ready:
+            continue
+        try:
+            ray.get(ref, timeout=0)
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
+            continue
+        alive.append(r)
+    return alive
+
+
+def rebuild_chain(relays: list[Any], *, dead: Sequence[Any] = (), timeout: float = 30.0) -> list[Any]:
+    """Relink the chain without `dead` and without any relay that no longer answers; returns the new chain."""
+    dead_ids = {r._actor_id for r in dead}
+    candidates = [r for r in relays if r._actor_id not in dead_ids]
+    chain = live_relays(candidates, timeout=min(timeout, 5.0))
+    if chain:
+        build_chain(chain, timeout=timeout)
+    return chain

@@ -1,0 +1,148 @@
+"""The trainer's side of the weight path: copy a version into local shared memory, tell the master, go on.
+
+The trainer's stall is the copy into a publish slot plus one non-blocking actor call; the chain's length never
+enters it. The master relay's `ingest` call for a slot resolves once the master has read (or skipped) that
+slot, which is how the publisher knows the slot may be overwritten, without asking anyone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+from laminar.relay.slots import ShmBuffer, new_buffer_path, sweep_stale
+
+log = logging.getLogger(__name__)
+
+
+def layout_nbytes(layout: Any) -> int | None:
+    """Total bytes a layout describes, when it says (the engine's WeightLayout does)."""
+    for attr in ("nbytes", "total_bytes", "numel_bytes"):
+        n = getattr(layout, attr, None)
+        if isinstance(n, int | np.integer):
+            return int(n)
+    return None
+
+
+def as_flat_bytes(x: Any) -> np.ndarray:
+    """A flat uint8 view of a numpy array or a CPU torch tensor (no copy)."""
+    if isinstance(x, np.ndarray):
+        arr = x
+    elif hasattr(x, "detach") and hasattr(x, "numpy"):
+        arr = x.detach().cpu().numpy()
+    else:
+        raise TypeError(
+            f"expected a flat numpy array, a torch tensor or a state_dict, got {type(x).__name__}"
+        )
+    if not arr.flags.c_contiguous:
+        raise ValueError("flat weights must be C-contiguous")
+    return arr.reshape(-1).view(np.uint8)
+
+
+class WeightPublisher:
+    """Owned by the trainer process; the master relay must run on the same node (it maps our slots)."""
+
+    def __init__(self, master: Any, *, num_slots: int = 3, timeout: float = 60.0, tag: str = "publish"):
+        if num_slots < 2:
+            raise ValueError(f"num_slots={num_slots}: need at least 2 so a publish never waits for a read")
+        sweep_stale()
+        self._master = master
+        self._timeout = timeout
+        self._tag = tag
+        self._num_slots = num_slots
+        self._slots: list[ShmBuffer] = []
+        self._pending: list[Any] = []  # per slot: the master's ingest ObjectRef, or None when free
+        self._layout: Any = None
+        self.last_version: int | None = None
+        self.stalls: list[float] = []
+        self.publish_times: dict[int, float] = {}
+        self.errors: list[str] = []
+
+    def set_master(self, master: Any) -> None:
+        """Point at a new master relay (the old one died)."""
+        self._master = master
+
+    def publish(self, version: int, state_or_flat: Any, layout: Any = None) -> float:
+        """Publish `version` (a state_dict, or flat uint8 bytes with their `layout`); returns the stall in s."""
+        t0 = time.perf_counter()
+        wall0 = time.time()
+        if self.last_version is not None and version <= self.last_version:
+            raise ValueError(f"version {version} must be greater than the last published {self.last_version}")
+        if isinstance(state_or_flat, dict):
+            slot, layout, nbytes = self._write_state_dict(state_or_flat)
+        else:
+            flat = as_flat_bytes(state_or_flat)
+            if layout is None:
+                raise ValueError("publishing flat bytes needs their layout (the engine unflattens with it)")
+            expect = layout_nbytes(layout)
+            if expect is not None and expect != flat.nbytes:
+                raise ValueError(f"layout describes {expect} bytes but the flat buffer has {flat.nbytes}")
+            nbytes = flat.nbytes
+            slot = self._free_slot(nbytes)
+            np.copyto(self._slots[slot].array[:nbytes], flat)
+        self._pending[slot] = self._master.ingest.remote(version, self._slots[slot].path, nbytes, layout)
+        self.last_version = version
+        stall = time.perf_counter() - t0
+        self.stalls.append(stall)
+        self.publish_times[version] = wall0
+        return stall
+
+    def _write_state_dict(self, state: dict[str, Any]) -> tuple[int, Any, int]:
+        from laminar.engine.weights import WeightLayout, flatten_into  # the engine owns the flat format
+
+        if self._layout is None:
+            self._layout = WeightLayout.of(state)
+        nbytes = self._layout.total_bytes
+        slot = self._free_slot(nbytes)
+        flatten_into(state, self._layout, self._slots[slot].array[:nbytes])
+        return slot, self._layout, nbytes
+
+    def _free_slot(self, nbytes: int) -> int:
+        """A slot the master is not reading; waits (bounded) only if the master fell behind by num_slots."""
+        if not self._slots:
+            for i in range(self._num_slots):
+                self._slots.append(ShmBuffer(new_buffer_path(self._tag, i), nbytes))
+                self._pending.append(None)
+        self._collect()
+        free = [i for i, ref in enumerate(self._pending) if ref is None]
+        if not free:
+            refs = [r for r in self._pending if r is not None]
+            ready, _ = ray.wait(refs, num_returns=1, timeout=self._timeout)
+            if not ready:
+                raise TimeoutError(
+                    f"the master relay has read none of the {self._num_slots} publish slots in {self._timeout:.0f}s; "
+                    "is it alive and on this node?"
+                )
+            self._collect()
+            free = [i for i, ref in enumerate(self._pending) if ref is None]
+        slot = free[0]
+        self._slots[slot].resize(nbytes)
+        return slot
+
+    def _collect(self) -> None:
+        """Free the slots whose ingest resolved; a failed one is logged, never raised into training."""
+        refs = [r for r in self._pending if r is not None]
+        if not refs:
+            return
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for r in ready:
+            i = self._pending.index(r)
+            self._pending[i] = None
+            try:
+                ray.get(r)
+            except Exception as e:  # noqa: BLE001 - a dead master must not stop training
+                self.errors.append(repr(e))
+                log.warning("publish slot %d: master relay failed: %r", i, e)
+
+    def poll(self) -> None:
+        """Reclaim slots the master has finished with (publish does this too)."""
+        self._collect()
+
+    def close(self) -> None:
+        for buf in self._slots:
+            buf.close(unlink=True)
+        self._slots, self._pending = [], []

@@ -1,0 +1,402 @@
+"""A relay: one process per machine holding the newest complete weight version in shared memory.
+
+Versions arrive chunk by chunk, over TCP from the upstream relay, or (master relay) from the trainer's publish
+slot. Each chunk lands in a slot, is checked against its CRC and handed to the forwarder at once, so the chain is
+pipelined. A version is exposed to readers (`latest`, `acquire`, `wait_version`) only after every chunk arrived
+and matched. Plain class so it runs and tests without Ray; `RelayActor` is the Ray wrapper.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import ray
+
+from laminar.relay import wire
+from laminar.relay.forward import Address, Forwarder
+from laminar.relay.slots import READY, WRITING, MappedView, Slot, SlotPool
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+
+
+class Held(NamedTuple):
+    """The newest complete version a relay holds."""
+
+    version: int
+    path: str
+    nbytes: int
+    layout: Any
+
+
+@dataclass
+class Lease:
+    """A reader's claim on one slot: the slot is not overwritten until `release(lease_id)`."""
+
+    lease_id: int
+    version: int
+    path: str
+    nbytes: int
+    layout: Any
+
+
+@dataclass
+class _Offer:
+    version: int
+    path: str
+    nbytes: int
+    layout: Any
+    done: bool = False
+    streamed: bool = False
+    error: str | None = None
+
+
+def node_ip() -> str:
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+
+class Relay:
+    def __init__(
+        self,
+        name: str = "relay",
+        *,
+        host: str | None = None,
+        num_slots: int = 3,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        slot_timeout: float = 30.0,
+        lease_ttl: float = 300.0,
+    ):
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes={chunk_bytes}: must be positive")
+        self.name = name
+        self._chunk_bytes = chunk_bytes
+        self._slot_timeout = slot_timeout
+        self._lease_ttl = lease_ttl
+        self._pool = SlotPool(name, num_slots)
+        self._cond = self._pool.cond
+        self._forwarder = Forwarder(self._pool, name)
+        self._leases: dict[int, tuple[Slot, float]] = {}
+        self._lease_ids = itertools.count(1)
+        self._history: dict[int, dict[str, Any]] = {}
+        self._counters = {"received": 0, "skipped": 0, "aborted": 0, "crc_errors": 0, "ingest_errors": 0}
+        self._stopped = False
+        self._offer: _Offer | None = None
+        self._server = socket.create_server((host or node_ip(), 0))
+        self._server.settimeout(1.0)
+        self._threads = [
+            threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True),
+            threading.Thread(target=self._ingest_loop, name=f"{name}-ingest", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # ---- chain --------------------------------------------------------------------------------------------
+    def address(self) -> Address:
+        host, port = self._server.getsockname()[:2]
+        return host, port
+
+    def set_downstream(self, addr: Address | None) -> None:
+        """Point this relay at the next one in the chain (None: last); the manager orders the chain."""
+        self._forwarder.set_downstream(tuple(addr) if addr is not None else None)  # type: ignore[arg-type]
+
+    def ping(self) -> dict[str, Any]:
+        newest = self._pool.newest()
+        return {
+            "name": self.name,
+            "pid": os.getpid(),
+            "address": self.address(),
+            "latest": newest and newest.version,
+        }
+
+    # ---- readers ------------------------------------------------------------------------------------------
+    def latest(self) -> Held | None:
+        with self._cond:
+            s = self._pool.newest()
+            return None if s is None else Held(s.version, s.buffer.path, s.nbytes, s.layout)
+
+    def wait_version(self, version: int, timeout: float) -> int:
+        """Block until a version >= `version` is complete here; returns the version now held."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (s := self._pool.newest()) is None or s.version < version:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopped:
+                    have = None if s is None else s.version
+                    raise TimeoutError(
+                        f"relay {self.name}: version {version} did not arrive within {timeout:.1f}s (holds {have})"
+                    )
+                self._cond.wait(left)
+            return s.version
+
+    def acquire(
+        self, min_version: int | None = None, *, version: int | None = None, timeout: float = 0.0
+    ) -> Lease | None:
+        """Pin the newest complete version (>= min_version), or exactly `version`; None if none within timeout."""
+        with self._cond:
+            if version is not None:
+                s = self._pool.find(version)
+                if s is None or s.state != READY:
+                    raise LookupError(
+                        f"relay {self.name} holds versions {self._pool.held_versions()}; "
+                        f"version {version} is not among them"
+                    )
+            else:
+                deadline = time.monotonic() + timeout
+                while (s := self._pool.newest()) is None or (
+                    min_version is not None and s.version < min_version
+                ):
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._stopped:
+                        return None
+                    self._cond.wait(left)
+            self._pool.acquire(s)
+            lease_id = next(self._lease_ids)
+            self._leases[lease_id] = (s, time.monotonic())
+            return Lease(lease_id, s.version, s.buffer.path, s.nbytes, s.layout)
+
+    def release(self, lease_id: int) -> None:
+        with self._cond:
+            entry = self._leases.pop(lease_id, None)
+            if entry is None:
+                raise KeyError(
+                    f"relay {self.name}: lease {lease_id} is not held (released twice, expired, or never acquired)"
+                )
+            self._pool.release(entry[0])
+
+    def _reap_leases(self) -> None:
+        """Readers that died holding a lease must not pin a slot forever."""
+        now = time.monotonic()
+        with self._cond:
+            for lease_id, (slot, t) in list(self._leases.items()):
+                if now - t > self._lease_ttl:
+                    log.warning("%s: lease %d on version %d expired", self.name, lease_id, slot.version)
+                    del self._leases[lease_id]
+                    self._pool.release(slot)
+
+    # ---- stats --------------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            newest = self._pool.newest()
+            return {
+                "name": self.name,
+                "address": self.address(),
+                "downstream": self._forwarder.downstream,
+                "downstream_error": self._forwarder.error,
+                "latest": None if newest is None else newest.version,
+                "held": self._pool.held_versions(),
+                "leases": len(self._leases),
+                "forwarded": list(self._forwarder.sent),
+                "versions": {v: dict(h) for v, h in self._history.items()},
+                **self._counters,
+            }
+
+    def _record(self, slot: Slot, source: str) -> None:
+        self._history[slot.version] = {
+            "t_begin": slot.t_begin,
+            "t_complete": slot.t_complete,
+            "bytes": slot.nbytes,
+            "chunks": slot.nchunks,
+            "source": source,
+        }
+        if len(self._history) > 1000:
+            del self._history[min(self._history)]
+
+    # ---- arrival: master relay, from the trainer's publish slot --------------------------------------------
+    def ingest(self, version: int, path: str, nbytes: int, layout: Any, timeout: float = 600.0) -> bool:
+        """Take a published version from the trainer's slot; returns once the slot is no longer read.
+
+        The publisher keeps this call's ObjectRef per slot and reuses the slot when it resolves, so the trainer
+        never waits on the chain. An offer not yet started is superseded by a newer one (returns False).
+        """
+        offer = _Offer(version, path, nbytes, layout)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            if self._offer is not None:
+                self._offer.done = True  # superseded before it was read
+            self._offer = offer
+            self._cond.notify_all()
+            while not offer.done:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"relay {self.name}: version {version} not read within {timeout:.1f}s")
+                self._cond.wait(left)
+        if offer.error:
+            raise RuntimeError(offer.error)
+        return offer.streamed
+
+    def _ingest_loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._offer is None and not self._stopped:
+                    self._cond.wait(timeout=1.0)
+                if self._stopped:
+                    return
+                offer, self._offer = self._offer, None
+            try:
+                self._ingest(offer)
+                offer.streamed = True
+            except Exception as e:  # noqa: BLE001 - reported to the publisher through its ObjectRef
+                offer.error = f"relay {self.name}: ingest of version {offer.version} failed: {e!r}"
+                self._count("ingest_errors")
+                log.warning(offer.error)
+            with self._cond:
+                offer.done = True
+                self._cond.notify_all()
+
+    def _ingest(self, offer: _Offer) -> None:
+        newest = self._pool.newest()
+        if newest is not None and newest.version >= offer.version:
+            raise ValueError(f"version {offer.version} is not newer than held version {newest.version}")
+        self._reap_leases()
+        with MappedView(offer.path, offer.nbytes) as src:
+            slot = self._pool.claim(
+                offer.version, offer.nbytes, offer.layout, self._chunk_bytes, self._slot_timeout
+            )
+            self._forwarder.enqueue(slot)
+            try:
+                for i in range(slot.nchunks):
+                    off, n = slot.chunk(i)
+                    dst = slot.buffer.array[off : off + n]
+                    np.copyto(dst, src.array[off : off + n])
+                    self._pool.chunk_done(slot, i, zlib.crc32(dst))
+            except BaseException:
+                self._pool.abort(slot)
+                raise
+        self._finish(slot, "publish")
+
+    def _finish(self, slot: Slot, source: str) -> None:
+        with self._cond:
+            if self._pool.complete(slot):
+                self._counters["received"] += 1
+                self._record(slot, source)
+            else:
+                self._counters["skipped"] += 1
+
+    def _count(self, key: str) -> None:
+        with self._cond:
+            self._counters[key] += 1
+
+    def _abort_if_writing(self, slot: Slot, version: int) -> bool:
+        """Abort a partial version unless the slot already moved on (it may be reused once aborted)."""
+        with self._cond:
+            if slot.state != WRITING or slot.version != version:
+                return False
+            self._pool.abort(slot)
+            self._counters["aborted"] += 1
+            return True
+
+    # ---- arrival: from the upstream relay over TCP ----------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._stopped:
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # server closed
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(
+                target=self._receive_loop, args=(conn,), name=f"{self.name}-recv", daemon=True
+            ).start()
+
+    def _wants(self, version: int) -> bool:
+        with self._cond:
+            newest = self._pool.newest()
+            if newest is not None and newest.version >= version:
+                return False
+            s = self._pool.find(version)
+            return s is None or s.state != WRITING  # the same version may be arriving from an old upstream
+
+    def _receive_loop(self, conn: socket.socket) -> None:
+        scratch = memoryview(bytearray(1 << 20))
+        slot: Slot | None = None
+        try:
+            while not self._stopped:
+                conn.settimeout(None)  # idle between versions for as long as training takes
+                kind, version, nbytes, chunk_bytes = wire.recv_header(conn)
+                if kind != wire.BEGIN:
+                    raise wire.ConnectionLost(f"protocol error: expected BEGIN, got {kind!r}")
+                layout = wire.recv_layout(conn)
+                conn.settimeout(60.0)
+                slot = None
+                if self._wants(version):
+                    self._reap_leases()
+                    try:
+                        slot = self._pool.claim(version, nbytes, layout, chunk_bytes, self._slot_timeout)
+                    except TimeoutError as e:
+                        log.warning("%s: skipping version %d: %s", self.name, version, e)
+                conn.sendall(wire.ACCEPT if slot is not None else wire.SKIP)
+                if slot is None:
+                    self._count("skipped")
+                    continue
+                self._forwarder.enqueue(slot)
+                self._receive_version(conn, slot, scratch)
+                slot = None
+        except (OSError, wire.ConnectionLost) as e:
+            if slot is not None and self._abort_if_writing(slot, version):
+                log.info("%s: upstream lost during version %d: %r", self.name, version, e)
+        finally:
+            conn.close()
+
+    def _receive_version(self, conn: socket.socket, slot: Slot, scratch: memoryview) -> None:
+        ok = True
+        while True:
+            kind, a, b, c = wire.recv_header(conn)
+            if kind == wire.CHUNK:
+                index, crc, n = a, b, c
+                if ok and (index != slot.ready_chunks or slot.chunk(index)[1] != n):
+                    raise wire.ConnectionLost(
+                        f"protocol error: chunk {index} of {n} bytes, expected chunk {slot.ready_chunks} "
+                        f"of {slot.chunk(slot.ready_chunks)[1]} bytes"
+                    )
+                if not ok:
+                    wire.drain(conn, n, scratch)
+                    continue
+                view = slot.view(index)
+                wire.recv_into_exact(conn, memoryview(view))
+                if zlib.crc32(view) != crc:
+                    log.warning("%s: version %d chunk %d failed its CRC", self.name, slot.version, index)
+                    self._count("crc_errors")
+                    self._abort_if_writing(slot, slot.version)
+                    ok = False
+                    continue
+                self._pool.chunk_done(slot, index, crc)
+            elif kind == wire.END:
+                if ok and slot.ready_chunks == slot.nchunks:
+                    self._finish(slot, "upstream")
+                elif ok:
+                    raise wire.ConnectionLost(f"END after {slot.ready_chunks} of {slot.nchunks} chunks")
+                return
+            elif kind == wire.ABORT:
+                if ok:
+                    self._abort_if_writing(slot, slot.version)
+                return
+            else:
+                raise wire.ConnectionLost(f"protocol error: unexpected frame {kind!r} inside a version")
+
+    # ---- shutdown -----------------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop threads, close sockets and unlink the slots."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._server.close()
+        self._forwarder.stop()
+        for t in self._threads:
+            t.join(timeout=5.0)
+        self._pool.close()
+
+
+@ray.remote(num_cpus=0, max_concurrency=64)
+class RelayActor(Relay):
+    """The relay as a Ray actor; concurrent calls run on threads beside the receive and forward threads."""
