@@ -51,6 +51,7 @@ class RolloutConfig:
     num_gpus: float = 0.0
     progress_every: int = 8  # engine steps between progress reports to the partial response pool
     heartbeat_s: float = 1.0
+    dead_after_s: float = 15.0  # a replica or relay that does not answer for this long is replaced
 
 
 @dataclass
@@ -88,7 +89,7 @@ class RepackConfig:
 
 @dataclass
 class BufferConfig:
-    capacity_groups: int = 256
+    capacity_groups: int = 16  # groups dispatched and not yet trained on, at most (flow control)
     max_staleness: int = -1  # -1 = unbounded (Laminar's default); stream/partial use schedule.staleness
 
 

@@ -104,7 +104,7 @@ def train(cfg: Config, out: Path, quiet: bool = False) -> dict[str, Any]:
         trajectories={"generated": generated, "trained": trained, "lost": max(lost, 0),
                       "duplicated": rt.duplicated + buf.get("duplicates", 0), "in_flight_at_end": partial["in_flight"],
                       "in_buffer_at_end": in_buffer, "evicted": buf.get("evicted_trajectories", 0)},
-        extra={"checkpoint": ckpt, "model": model_path},
+        extra={"checkpoint": ckpt, "model": model_path, "repacks": end["repacks"], "failures": end["failures"]},
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_run(recorder.records, out)

@@ -8,11 +8,18 @@ schedule in `laminar.schedules`. The manager itself is schedule-agnostic.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import ray
+
 from laminar.data.records import PromptGroup
+from laminar.manager.recovery import plan_recovery
+from laminar.manager.repacker import RepackStats, repack_once
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,6 +59,30 @@ class RolloutManager:
         self.events: list[dict[str, Any]] = []
         self.stopped = False
         self._changed = asyncio.Event()
+        self._updated = asyncio.Event()  # a trainer update: a moment to repack (design section 5)
+        self.handles: dict[int, Any] = {}
+        self.repack_cfg: dict[str, Any] | None = None
+        self.repack_stats = RepackStats()
+        self.failures = {"rollouts": 0, "relays": 0, "trainer": 0, "recovered_trajectories": 0,
+                         "restarted_trajectories": 0}
+        self._tasks: list[asyncio.Task] = []
+
+    def configure(self, handles: dict[int, Any], *, partial_pool: Any, sampling: dict[str, Any], run_seed: int,
+                  repack: dict[str, Any] | None, replica_spec: dict[str, Any], relays: list[Any],
+                  relay_of_node: dict[str, Any], node_of_replica: dict[int, str], heartbeat_s: float,
+                  dead_after_s: float, timeout_s: float) -> None:
+        """What the background loops need: the replicas and relays, and how to make new ones."""
+        self.handles = dict(handles)
+        self.partial_pool, self.sampling, self.run_seed = partial_pool, sampling, run_seed
+        self.repack_cfg, self.replica_spec = repack, replica_spec
+        self.relays, self.relay_of_node, self.node_of_replica = list(relays), dict(relay_of_node), node_of_replica
+        self.heartbeat_s, self.dead_after_s, self.timeout_s = heartbeat_s, dead_after_s, timeout_s
+
+    async def start_background(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._watch_loop()))
+        if self.repack_cfg:
+            self._tasks.append(loop.create_task(self._repack_loop()))
 
     # ---- replicas -------------------------------------------------------------------------------------------
     async def next_work(self, replica: int, version: int) -> list[PromptGroup]:
@@ -103,10 +134,129 @@ class RolloutManager:
         self.trainer_version = version
         self.consumed_groups += consumed_groups
         self._changed.set()
+        self._updated.set()
 
-    def stop(self) -> None:
+    async def stop(self) -> dict[str, Any]:
         self.stopped = True
         self._changed.set()
+        self._updated.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        return self.report()
+
+    def report(self) -> dict[str, Any]:
+        return {"repacks": self.repack_stats.summary(), "failures": dict(self.failures),
+                "replicas": sorted(self.handles), "relays": len(self.relays)}
+
+    def live_replicas(self) -> dict[int, Any]:
+        return dict(self.handles)
+
+    # ---- repack ------------------------------------------------------------------------------------------
+    async def _repack_loop(self) -> None:
+        """Every `interval_s`, and right after each trainer update."""
+        cfg = self.repack_cfg
+        while not self.stopped:
+            try:
+                await asyncio.wait_for(self._updated.wait(), cfg["interval_s"])
+            except TimeoutError:
+                pass
+            self._updated.clear()
+            if self.stopped:
+                return
+            try:
+                snaps = await asyncio.gather(*[h.snapshot.remote() for h in self.handles.values()],
+                                             return_exceptions=True)
+                events = await repack_once(self.handles, [s for s in snaps if isinstance(s, dict)],
+                                           batch_limit_b=cfg["batch_limit_b"], kv_capacity=cfg["kv_capacity"],
+                                           stats=self.repack_stats, partial_pool=self.partial_pool)
+            except ray.exceptions.RayActorError:
+                continue  # a replica died mid-move; the watch loop recovers its work from the partial pool
+            now = time.time() - self.t0
+            self.events.extend({**e, "t": now} for e in events)
+
+    # ---- failures ----------------------------------------------------------------------------------------
+    async def _watch_loop(self) -> None:
+        """Heartbeats by asking: a replica or relay that does not answer within `dead_after_s` is dead."""
+        while not self.stopped:
+            await asyncio.sleep(self.heartbeat_s)  # the watch period, not a synchronisation
+            for rid, handle in list(self.handles.items()):
+                if not await self._answers(handle.snapshot.remote()):
+                    await self._replace_replica(rid)
+            for relay in list(self.relays):
+                if not await self._answers(relay.ping.remote()):
+                    await self._replace_relay(relay)
+
+    async def _answers(self, ref: Any) -> bool:
+        try:
+            await asyncio.wait_for(ref, self.dead_after_s)
+            return True
+        except (ray.exceptions.RayActorError, TimeoutError):
+            return False
+        except ray.exceptions.RayTaskError:
+            return True  # it answered, with an error of its own: alive
+
+    async def _replace_replica(self, dead: int) -> None:
+        handle = self.handles.pop(dead)
+        ray.kill(handle)  # a hung one too
+        self.failures["rollouts"] += 1
+        self.events.append({"kind": "failure", "t": time.time() - self.t0, "what": "rollout", "replica": dead})
+        new_id = max([*self.handles, dead, *self.node_of_replica]) + 1
+        from laminar.runtime.actors import ReplicaActor
+
+        spec = self.replica_spec
+        new = ReplicaActor.options(**spec["options"]).remote(new_id, *spec["args"], **spec["kwargs"])
+        self.events.append({"kind": "replacement", "t": time.time() - self.t0, "replica": new_id, "for": dead})
+        node = await new.node_id.remote()
+        self.node_of_replica[new_id] = node
+        relay = self.relay_of_node.get(node) or await self._new_relay(node)
+        await new.start.remote(relay)
+        self.handles[new_id] = new
+        await self._recover(dead)
+
+    async def _recover(self, dead: int) -> None:
+        entries = await self.partial_pool.on_replica.remote(dead)
+        snaps = await asyncio.gather(*[h.snapshot.remote() for h in self.handles.values()], return_exceptions=True)
+        live = {s["replica"]: s["version"] for s in snaps if isinstance(s, dict)}
+        groups = dict(self.replicas[dead].groups) if dead in self.replicas else {}
+        plan = plan_recovery(entries, groups, live, self.sampling, self.run_seed, time.time())
+        for kind, batches in (("recovered", plan.recovered), ("restarted", plan.restarted)):
+            for target, items in batches:
+                refused = set(await self.handles[target].import_requests.remote(items))
+                for exported, state in items:
+                    tid = exported.request_id
+                    if tid in refused:
+                        continue
+                    if kind == "recovered":
+                        self.partial_pool.move.remote(tid, target)
+                    else:
+                        self.partial_pool.restart.remote(tid, target, state.version)
+                    self.failures[f"{kind}_trajectories"] += 1
+                    self.replicas.setdefault(target, ReplicaState(target)).groups[state.group.group_id] = state.group
+        self.replicas.pop(dead, None)
+
+    async def _new_relay(self, node: str) -> Any:
+        from laminar.relay.chain import build_chain, relay_on_node
+
+        relay = relay_on_node(node, f"relay-{node[:6]}-{len(self.relays)}")
+        self.relay_of_node[node] = relay
+        self.relays.append(relay)
+        await asyncio.get_running_loop().run_in_executor(None, lambda: build_chain(self.relays, timeout=self.timeout_s))
+        return relay
+
+    async def _replace_relay(self, dead: Any) -> None:
+        """Rebuild the chain without it; its node gets a new relay and that node's replicas re-point to it."""
+        self.failures["relays"] += 1
+        self.events.append({"kind": "failure", "t": time.time() - self.t0, "what": "relay"})
+        self.relays = [r for r in self.relays if r._actor_id != dead._actor_id]
+        node = next((n for n, r in self.relay_of_node.items() if r._actor_id == dead._actor_id), None)
+        if node is None:  # the master relay: the trainer must re-attach, which the runtime does
+            return
+        del self.relay_of_node[node]
+        relay = await self._new_relay(node)
+        for rid, n in self.node_of_replica.items():
+            if n == node and rid in self.handles:
+                await self.handles[rid].set_relay.remote(relay)
 
     def drain_records(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         timeline, events = self.timeline, self.events

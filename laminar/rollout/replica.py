@@ -117,6 +117,14 @@ class RolloutReplica:
         return self.run_in_loop(import_)
 
     def snapshot(self) -> dict[str, Any]:
+        for _ in range(3):  # read from another thread than the loop's; retry if it changed under us
+            try:
+                return self._snapshot()
+            except RuntimeError:
+                continue
+        return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
         stats = self.engine.stats()
         return {
             "replica": self.id,
@@ -129,8 +137,18 @@ class RolloutReplica:
             "tokens_generated": self.tokens_generated,
             "busy_s": round(self.busy_s, 4),
             "inflight": sorted(self.inflight),
+            "requests": [(rid, self._blocks(rid)) for rid in sorted(self.inflight)],
             "error": self.error,
         }
+
+    def _blocks(self, rid: str) -> int:
+        """KV blocks a request holds (prompt plus output so far): what repack must find room for."""
+        state = self.inflight[rid]
+        try:
+            num_tokens = len(state.group.prompt_ids) + len(self.engine.progress(rid)[0])
+        except KeyError:  # finished between the two reads
+            return 0
+        return -(-num_tokens // self.engine.block_size)
 
     # ---- the loop thread --------------------------------------------------------------------------------
     def _main(self) -> None:
@@ -162,7 +180,10 @@ class RolloutReplica:
     def _pull(self) -> None:
         from laminar.relay.pull import pull_latest
 
-        pulled = pull_latest(self.relay, self.engine.load_weights, self.engine.version, timeout=self.timeout_s)
+        try:
+            pulled = pull_latest(self.relay, self.engine.load_weights, self.engine.version, timeout=self.timeout_s)
+        except ray.exceptions.RayActorError:  # our relay died; the manager gives us a new one, we pull later
+            return
         if pulled is not None:
             version, seconds = pulled
             self.manager.record_pull.remote(self.id, version, seconds, time.time())

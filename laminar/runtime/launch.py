@@ -43,6 +43,10 @@ def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
     raise ValueError(f"task.name={cfg.task.name!r}: expected 'reverse' (built in) or a .jsonl file of rows")
 
 
+def _import_engine(_actor: Any) -> None:
+    import laminar.engine.weights  # noqa: F401
+
+
 class _EngineFactory:
     """Picklable recipe for a replica's engine, built inside the replica's process."""
 
@@ -122,25 +126,46 @@ class Runtime:
 
         sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
                     "max_new_tokens": r.max_new_tokens}
+        spec = rt.replica_spec(sampling)
         for i in range(r.replicas):
-            rt.replicas[i] = rt._new_replica(i, sampling)
+            rt.replicas[i] = rt._new_replica(i, spec)
         nodes = ray.get([a.node_id.remote() for a in rt.replicas.values()], timeout=cfg.run.timeout_s)
         for node in dict.fromkeys(nodes):  # one relay per node that hosts rollouts, in first-seen order
             rt.relay_of_node[node] = relay_on_node(node, f"relay-{len(rt.relay_of_node)}",
                                                    num_slots=cfg.relay.slots, chunk_bytes=chunk)
         rt.relays = [master, *rt.relay_of_node.values()]
+        # Layouts are engine objects: import the engine in every relay now, not during the first publish.
+        ray.get([r.__ray_call__.remote(_import_engine) for r in rt.relays], timeout=cfg.run.timeout_s)
         build_chain(rt.relays, timeout=cfg.run.timeout_s)
         for actor, node in zip(rt.replicas.values(), nodes):
             ray.get(actor.start.remote(rt.relay_of_node[node]), timeout=cfg.run.timeout_s)
+        repack = None
+        if cfg.repack.enabled and cfg.schedule.name == "laminar":
+            repack = {"interval_s": cfg.repack.interval_s, "batch_limit_b": cfg.repack.batch_limit_b,
+                      "kv_capacity": cfg.repack.kv_capacity}
+        ray.get(rt.manager.configure.remote(
+            rt.replicas, partial_pool=rt.partial_pool, sampling=sampling, run_seed=cfg.run.seed, repack=repack,
+            replica_spec=spec, relays=rt.relays, relay_of_node=rt.relay_of_node,
+            node_of_replica=dict(zip(rt.replicas, nodes)), heartbeat_s=r.heartbeat_s, dead_after_s=r.dead_after_s,
+            timeout_s=cfg.run.timeout_s), timeout=cfg.run.timeout_s)
+        ray.get(rt.manager.start_background.remote(), timeout=cfg.run.timeout_s)
         return rt
 
-    def _new_replica(self, i: int, sampling: dict[str, Any]) -> Any:
+    def replica_spec(self, sampling: dict[str, Any]) -> dict[str, Any]:
+        """How to make a replica; the manager uses it again to replace a dead one."""
         cfg, r = self.cfg, self.cfg.rollout
-        return ReplicaActor.options(num_cpus=r.num_cpus, num_gpus=r.num_gpus if use_cuda(cfg) else 0).remote(
-            i, _EngineFactory(self.model_path, cfg), _ScorerFactory(self.model_path, cfg.task.reward, cfg.task.name),
-            manager=self.manager, partial_pool=self.partial_pool, buffer=self.buffer, sampling=sampling,
-            run_seed=cfg.run.seed, progress_every=r.progress_every, heartbeat_s=r.heartbeat_s,
-            timeout_s=cfg.run.timeout_s, interrupt_on_update=cfg.schedule.name == "partial")
+        return {
+            "options": {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus if use_cuda(cfg) else 0},
+            "args": (_EngineFactory(self.model_path, cfg),
+                     _ScorerFactory(self.model_path, cfg.task.reward, cfg.task.name)),
+            "kwargs": {"manager": self.manager, "partial_pool": self.partial_pool, "buffer": self.buffer,
+                       "sampling": sampling, "run_seed": cfg.run.seed, "progress_every": r.progress_every,
+                       "heartbeat_s": r.heartbeat_s, "timeout_s": cfg.run.timeout_s,
+                       "interrupt_on_update": cfg.schedule.name == "partial"},
+        }
+
+    def _new_replica(self, i: int, spec: dict[str, Any]) -> Any:
+        return ReplicaActor.options(**spec["options"]).remote(i, *spec["args"], **spec["kwargs"])
 
     # ---- the operations schedules are made of --------------------------------------------------------------
     def take(self, count: int, group_ids: range | None = None, oldest_first: bool = False) -> list[list[Trajectory]]:
@@ -191,12 +216,13 @@ class Runtime:
         return out
 
     def stop(self) -> dict[str, Any]:
-        ray.get(self.manager.stop.remote(), timeout=self.cfg.run.timeout_s)
+        report = ray.get(self.manager.stop.remote(), timeout=self.cfg.run.timeout_s)
+        self.replicas = ray.get(self.manager.live_replicas.remote(), timeout=self.cfg.run.timeout_s)
         ray.get([a.stop.remote() for a in self.replicas.values()], timeout=self.cfg.run.timeout_s)
         self.collect()
         buf = ray.get(self.buffer.stats.remote(), timeout=self.cfg.run.timeout_s)
         inflight = ray.get(self.partial_pool.stats.remote(), timeout=self.cfg.run.timeout_s)
-        return {"buffer": buf, "partial": inflight}
+        return {"buffer": buf, "partial": inflight, **report}
 
     def shutdown(self) -> None:
         """Free every actor and the relays' shared memory (a process may run several runtimes in a row)."""
