@@ -10,6 +10,7 @@ import torch
 from laminar.engine import paged_attention, sampler
 from laminar.engine.attention import AttentionContext
 from laminar.engine.config import ModelConfig
+from laminar.engine.fused import Fused
 from laminar.engine.model import CausalLM
 from laminar.engine.rope import cos_sin_table
 from laminar.engine.sampler import SamplingBatch
@@ -43,8 +44,11 @@ class ModelRunner:
     ):
         self.cfg, self.device, self.dtype = cfg, device, dtype
         self.block_size, self.max_model_len = block_size, max_model_len
+        fused = Fused(compile=device.type == "cuda" and use_cuda_graphs)
+        if device.type == "cuda":
+            fused.warm_up(device, dtype, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
         with torch.device(device), _default_dtype(dtype):
-            self.model = CausalLM(cfg).eval().requires_grad_(False)
+            self.model = CausalLM(cfg, fused).eval().requires_grad_(False)
         self.cos_sin = cos_sin_table(
             cfg.rope_parameters, cfg.head_dim, cfg.max_position_embeddings, max_model_len
         )

@@ -1,4 +1,4 @@
-"""Rotary position embedding as the config says (default, linear, llama3, yarn), precomputed per position."""
+"""Rotary position embedding tables as the config says (default, linear, llama3, yarn); applied in fused.py."""
 
 from __future__ import annotations
 
@@ -76,12 +76,3 @@ def cos_sin_table(
     inv_freq, scale = inv_freq_and_scale(params, head_dim, max_position_embeddings)
     freqs = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
     return torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-    """x: [N, heads, head_dim]; cos_sin: [N, head_dim] float32. Same math as HF's rotate_half form."""
-    half = x.shape[-1] // 2
-    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
-    xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
