@@ -390,6 +390,10 @@ class Relay:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+        try:
+            self._server.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        except OSError:
+            pass
         self._server.close()
         self._forwarder.stop()
         for t in self._threads:

@@ -1,0 +1,171 @@
+"""The relay chain on a multi-node Ray cluster: one relay per node, a publisher, pulls, and dead relays."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+import ray
+
+from laminar.relay.chain import alive_node_ids, build_chain, place_relays, rebuild_chain, relay_on_node
+from laminar.relay.publisher import WeightPublisher
+from laminar.relay.pull import pull_latest
+
+pytestmark = pytest.mark.timeout(180)
+
+NBYTES = 4 << 20
+CHUNK = 256 << 10
+
+
+class Layout:
+    """Stands in for the engine's WeightLayout: small, picklable, knows its size."""
+
+    def __init__(self, total_bytes: int):
+        self.total_bytes = total_bytes
+
+
+def weights(version: int, nbytes: int = NBYTES) -> np.ndarray:
+    return np.random.default_rng(version).integers(0, 256, size=nbytes, dtype=np.uint8)
+
+
+def check_pull(relay, version: int) -> None:
+    """Pull into a torch buffer like an engine would, and compare with what was published."""
+    import torch
+
+    target = torch.empty(NBYTES, dtype=torch.uint8)
+    seen = {}
+
+    def load(buf: np.ndarray, layout, v: int) -> None:
+        target.copy_(torch.from_numpy(buf))
+        seen["v"], seen["layout"] = v, layout
+
+    got = pull_latest(relay, load, version - 1, timeout=30)
+    assert got is not None and got[0] == version == seen["v"]
+    assert seen["layout"].total_bytes == NBYTES
+    assert np.array_equal(target.numpy(), weights(version))
+    assert pull_latest(relay, load, version, timeout=30) is None  # nothing newer
+
+
+@pytest.fixture(scope="module")
+def nodes(ray_cluster):
+    ids = alive_node_ids()
+    assert len(ids) >= 3, ids
+    return ids
+
+
+def kill_all(relays) -> None:
+    for r in relays:
+        try:
+            ray.get(r.shutdown.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - some were killed on purpose
+            pass
+        ray.kill(r)
+
+
+def test_every_node_relay_gets_identical_versions(nodes):
+    relays = place_relays(nodes[:3], prefix="ident", chunk_bytes=CHUNK)
+    build_chain(relays)
+    pub = WeightPublisher(relays[0])
+    pids = {ray.get(r.ping.remote(), timeout=30)["pid"] for r in relays}
+    assert len(pids) == 3
+    seen: list[tuple[int, bool]] = []
+    stop = threading.Event()
+
+    def poll() -> None:  # a reader on the last node, racing the transfers
+        while not stop.is_set():
+            lease = ray.get(relays[-1].acquire.remote(timeout=0.05), timeout=30)
+            if lease is None:
+                continue
+            from laminar.relay.slots import MappedView
+
+            with MappedView(lease.path, lease.nbytes) as v:
+                seen.append((lease.version, np.array_equal(v.array, weights(lease.version))))
+            ray.get(relays[-1].release.remote(lease.lease_id), timeout=30)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        for version in range(1, 5):
+            pub.publish(version, weights(version), Layout(NBYTES))
+            assert ray.get([r.wait_version.remote(version, 30) for r in relays], timeout=60) == [version] * 3
+            for r in relays:
+                check_pull(r, version)
+    finally:
+        stop.set()
+        t.join(timeout=30)
+        pub.close()
+        kill_all(relays)
+    assert seen and all(ok for _, ok in seen)
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
+def test_chain_rebuilt_without_a_dead_relay(nodes, how):
+    relays = place_relays(nodes[:3], prefix=f"rebuild-{how}", chunk_bytes=CHUNK)
+    relays.append(relay_on_node(nodes[2], f"rebuild-{how}-tail", chunk_bytes=CHUNK))
+    build_chain(relays)
+    pub = WeightPublisher(relays[0])
+    try:
+        pub.publish(1, weights(1), Layout(NBYTES))
+        ray.get(relays[-1].wait_version.remote(1, 30), timeout=60)
+        victim = relays[1]
+        if how == "ray.kill":
+            ray.kill(victim, no_restart=True)
+        else:
+            os.kill(ray.get(victim.ping.remote(), timeout=30)["pid"], signal.SIGKILL)
+        pub.publish(2, weights(2), Layout(NBYTES))  # lost past the dead relay, or not
+        chain = rebuild_chain(relays, dead=[victim] if how == "ray.kill" else [])
+        assert len(chain) == 3 and victim not in chain
+        for version in (3, 4):
+            pub.publish(version, weights(version), Layout(NBYTES))
+            ray.get([r.wait_version.remote(version, 30) for r in chain], timeout=60)
+        check_pull(chain[-1], 4)
+        assert ray.get(chain[-1].stats.remote(), timeout=30)["latest"] == 4
+    finally:
+        pub.close()
+        kill_all(relays)
+
+
+def test_publish_stall_does_not_grow_with_relays(nodes, record_property):
+    nbytes = 16 << 20
+    stalls = {}
+    for n in (1, 2, 3):
+        relays = place_relays(nodes[:n], prefix=f"stall{n}", chunk_bytes=1 << 20)
+        build_chain(relays)
+        pub = WeightPublisher(relays[0])
+        w = np.ones(nbytes, dtype=np.uint8)
+        try:
+            runs = []
+            for version in range(1, 6):
+                runs.append(pub.publish(version, w, Layout(nbytes)))
+                ray.get(relays[-1].wait_version.remote(version, 30), timeout=60)
+            stalls[n] = float(np.median(runs[1:]))  # the first publish also creates the slots
+        finally:
+            pub.close()
+            kill_all(relays)
+    record_property("publish_stall_s_by_relays", stalls)
+    print("median publish stall (s) by number of relays:", stalls)
+    # Loose: the stall is a memcpy plus an async call; a chain-length dependence would be 100s of ms.
+    assert stalls[3] < stalls[1] * 3 + 0.05, stalls
+
+
+def test_bad_publish_inputs(nodes):
+    relays = place_relays(nodes[:1], prefix="bad")
+    pub = WeightPublisher(relays[0])
+    try:
+        with pytest.raises(ValueError, match="layout describes 10 bytes but the flat buffer has 12"):
+            pub.publish(1, np.zeros(12, np.uint8), Layout(10))
+        with pytest.raises(ValueError, match="needs their layout"):
+            pub.publish(1, np.zeros(12, np.uint8))
+        with pytest.raises(TypeError, match="expected a flat numpy array"):
+            pub.publish(1, [1, 2, 3], Layout(3))
+        pub.publish(2, np.zeros(12, np.uint8), Layout(12))
+        with pytest.raises(ValueError, match="must be greater than the last published 2"):
+            pub.publish(2, np.zeros(12, np.uint8), Layout(12))
+        with pytest.raises(LookupError, match="version 5 is not among them"):
+            ray.get(relays[0].acquire.remote(version=5), timeout=30)
+    finally:
+        pub.close()
+        kill_all(relays)

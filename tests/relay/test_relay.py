@@ -1,0 +1,205 @@
+"""Relays in this process, linked over real loopback TCP: integrity, visibility, failure of a link."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import zlib
+
+import numpy as np
+import pytest
+
+from laminar.relay import wire
+from laminar.relay.relay import Relay
+from laminar.relay.slots import MappedView, ShmBuffer, new_buffer_path
+
+CHUNK = 64 << 10
+
+
+def weights(version: int, nbytes: int = 1 << 20) -> np.ndarray:
+    return np.random.default_rng(version).integers(0, 256, size=nbytes, dtype=np.uint8)
+
+
+def held_bytes(relay: Relay) -> tuple[int, np.ndarray]:
+    lease = relay.acquire()
+    assert lease is not None
+    try:
+        with MappedView(lease.path, lease.nbytes) as v:
+            return lease.version, v.array.copy()
+    finally:
+        relay.release(lease.lease_id)
+
+
+@pytest.fixture
+def chain():
+    relays = [Relay(f"local-{i}", host="127.0.0.1", chunk_bytes=CHUNK) for i in range(3)]
+    for up, down in zip(relays, relays[1:]):
+        up.set_downstream(down.address())
+    yield relays
+    for r in relays:
+        r.shutdown()
+
+
+@pytest.fixture
+def trainer_slot():
+    buf = ShmBuffer(new_buffer_path("test-trainer", 0), 1 << 20)
+    yield buf
+    buf.close()
+
+
+def publish(master: Relay, buf: ShmBuffer, version: int, nbytes: int = 1 << 20) -> np.ndarray:
+    w = weights(version, nbytes)
+    buf.resize(nbytes)
+    buf.array[:nbytes] = w
+    assert master.ingest(version, buf.path, nbytes, {"nbytes": nbytes})
+    return w
+
+
+def test_every_relay_holds_identical_bytes_for_every_version(chain, trainer_slot):
+    for version in (1, 2, 5):
+        w = publish(chain[0], trainer_slot, version)
+        for r in chain:
+            assert r.wait_version(version, timeout=20) == version
+            got_version, got = held_bytes(r)
+            assert got_version == version and np.array_equal(got, w)
+    stats = chain[-1].stats()
+    assert sorted(stats["versions"]) == [1, 2, 5]
+    assert stats["versions"][5]["chunks"] == (1 << 20) // CHUNK and stats["crc_errors"] == 0
+
+
+def test_older_version_is_refused(chain, trainer_slot):
+    publish(chain[0], trainer_slot, 3)
+    with pytest.raises(RuntimeError, match="not newer than held version 3"):
+        publish(chain[0], trainer_slot, 2)
+
+
+class FakeUpstream:
+    """Speaks the wire protocol by hand so a test decides when each chunk arrives."""
+
+    def __init__(self, relay: Relay, version: int, nbytes: int = 4 * CHUNK):
+        self.sock = socket.create_connection(relay.address(), timeout=10)
+        self.w = weights(version, nbytes)
+        self.version, self.nbytes = version, nbytes
+        assert wire.send_begin(self.sock, version, nbytes, CHUNK, {"nbytes": nbytes})
+
+    def chunk(self, i: int, corrupt: bool = False) -> None:
+        data = self.w[i * CHUNK : (i + 1) * CHUNK].tobytes()
+        crc = zlib.crc32(data) ^ (1 if corrupt else 0)
+        wire.send_header(self.sock, wire.CHUNK, i, crc, len(data))
+        self.sock.sendall(data)
+
+    def end(self) -> None:
+        wire.send_header(self.sock, wire.END, self.version)
+
+
+def wait_counter(relay: Relay, key: str, value: int) -> None:
+    with relay._cond:  # the relay notifies its condition on every state change
+        ok = relay._cond.wait_for(lambda: relay._counters[key] >= value, timeout=10)
+    assert ok, f"{key} never reached {value}: {relay.stats()}"
+
+
+def test_a_version_is_invisible_until_every_chunk_is_in(chain):
+    last = chain[-1]
+    up = FakeUpstream(chain[1], version=4)
+    for i in range(3):
+        up.chunk(i)
+    assert chain[1].latest() is None and last.latest() is None
+    assert chain[1].acquire(timeout=0.2) is None
+    up.chunk(3)
+    assert chain[1].latest() is None  # all bytes in, END not yet seen
+    up.end()
+    assert last.wait_version(4, timeout=10) == 4
+    _, got = held_bytes(last)
+    assert np.array_equal(got, up.w)
+
+
+def test_corrupt_chunk_is_never_exposed_and_the_link_survives(chain):
+    mid = chain[1]
+    bad = FakeUpstream(mid, version=6)
+    bad.chunk(0)
+    bad.chunk(1, corrupt=True)
+    bad.chunk(2)
+    bad.chunk(3)
+    bad.end()
+    wait_counter(mid, "crc_errors", 1)
+    assert mid.latest() is None and chain[2].latest() is None
+    # The same connection carries the next version intact.
+    assert wire.send_begin(bad.sock, 7, bad.nbytes, CHUNK, {"nbytes": bad.nbytes})
+    bad.w, bad.version = weights(7, bad.nbytes), 7
+    for i in range(4):
+        bad.chunk(i)
+    bad.end()
+    assert chain[2].wait_version(7, timeout=10) == 7
+    assert np.array_equal(held_bytes(chain[2])[1], bad.w)
+
+
+def test_upstream_dying_midway_aborts_the_partial_version(chain):
+    mid = chain[1]
+    up = FakeUpstream(mid, version=8)
+    up.chunk(0)
+    up.sock.close()
+    wait_counter(mid, "aborted", 1)
+    assert mid.latest() is None
+    with pytest.raises(TimeoutError, match="version 8 did not arrive"):
+        chain[2].wait_version(8, timeout=0.3)
+
+
+def test_new_downstream_catches_up_with_the_newest_version(chain, trainer_slot):
+    w = publish(chain[0], trainer_slot, 1)
+    chain[2].wait_version(1, timeout=10)
+    late = Relay("late", host="127.0.0.1", chunk_bytes=CHUNK)
+    try:
+        chain[2].set_downstream(late.address())
+        assert late.wait_version(1, timeout=10) == 1
+        assert np.array_equal(held_bytes(late)[1], w)
+    finally:
+        late.shutdown()
+
+
+def test_reader_errors_are_clear(chain, trainer_slot):
+    with pytest.raises(LookupError, match="version 9 is not among them"):
+        chain[0].acquire(version=9)
+    with pytest.raises(KeyError, match="lease 12345 is not held"):
+        chain[0].release(12345)
+    publish(chain[0], trainer_slot, 1)
+    lease = chain[0].acquire(version=1)
+    chain[0].release(lease.lease_id)
+    with pytest.raises(KeyError, match="released twice"):
+        chain[0].release(lease.lease_id)
+
+
+def test_pinned_version_survives_newer_arrivals(chain, trainer_slot):
+    w1 = publish(chain[0], trainer_slot, 1)
+    lease = chain[2].acquire(version=1) if chain[2].wait_version(1, 10) else None
+    for v in (2, 3, 4):
+        publish(chain[0], trainer_slot, v)
+        chain[2].wait_version(v, timeout=10)
+    with MappedView(lease.path, lease.nbytes) as view:
+        assert np.array_equal(view.array, w1)  # three versions later, the leased slot is untouched
+    chain[2].release(lease.lease_id)
+
+
+def test_concurrent_reader_only_sees_complete_versions(chain, trainer_slot):
+    seen: list[tuple[int, bool]] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            lease = chain[2].acquire(timeout=0.05)
+            if lease is None:
+                continue
+            with MappedView(lease.path, lease.nbytes) as v:
+                seen.append((lease.version, np.array_equal(v.array, weights(lease.version, lease.nbytes))))
+            chain[2].release(lease.lease_id)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        for v in range(1, 7):
+            publish(chain[0], trainer_slot, v, nbytes=2 << 20)
+        chain[2].wait_version(6, timeout=20)
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    assert seen and all(ok for _, ok in seen), [s for s in seen if not s[1]]
+    assert [v for v, _ in seen] == sorted(v for v, _ in seen)  # never goes back
