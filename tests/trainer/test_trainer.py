@@ -148,3 +148,12 @@ def test_mismatched_logprobs_are_rejected():
     groups[0][0].logprobs = groups[0][0].logprobs[:-1]
     with pytest.raises(ValueError, match="0:0"):
         tr.train_step(groups)
+
+
+def test_kl_penalty_keeps_a_frozen_reference():
+    tr = make_trainer(grpo=GRPOConfig(kl_coef=0.1))
+    ref_before = {k: v.clone() for k, v in tr.ref_model.state_dict().items()}
+    tr.train_step(make_groups(tr))
+    tr.train_step(make_groups(tr, seed=1))
+    assert all(torch.equal(ref_before[k], v) for k, v in tr.ref_model.state_dict().items())
+    assert make_trainer().ref_model is None  # KL-free by default: no reference model held
