@@ -22,7 +22,7 @@ class WarmupConfig:
     layers: int = 4
     heads: int = 4
     intermediate_size: int = 256
-    steps: int = 300
+    steps: int = 200
     batch_size: int = 32
     lr: float = 3e-3
     seed: int = 1234  # the RL dataset uses other seeds, so warm-up rows are not the RL rows
