@@ -1,0 +1,212 @@
+"""`laminar bench relay`: weight propagation along the relay chain on a local multi-node Ray cluster.
+
+Measures, for one version of --mb megabytes: the time from publish to complete-and-verified at each relay of the
+chain (pipelined, and with one chunk per version as the store-and-forward reference), the trainer's stall per
+publish with 1, 2 and --relays relays, and a rollout's pull into a numpy and a torch buffer. Writes
+DIR/relay.json and DIR/relay.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _start_cluster(num_workers: int) -> Any:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 1, "object_store_memory": 100 << 20, "node_ip_address": "127.0.0.1"}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    for _ in range(num_workers):
+        cluster.add_node(**node)
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.wait_for_nodes()
+    return cluster
+
+
+class _Layout:
+    """A stand-in for the engine's WeightLayout: the relay path treats layouts as opaque."""
+
+    def __init__(self, total_bytes: int):
+        self.total_bytes = total_bytes
+
+
+def _run_chain(
+    head: str, workers: list[str], nbytes: int, chunk_bytes: int, versions: int, warmup: int
+) -> dict[str, Any]:
+    """Publish `versions` versions through master -> workers; per version, wait for the last relay."""
+    import ray
+
+    from laminar.relay.chain import build_chain, relay_on_node
+    from laminar.relay.publisher import WeightPublisher
+
+    relays = [relay_on_node(head, "bench-master", chunk_bytes=chunk_bytes)]
+    relays += [relay_on_node(n, f"bench-{i}", chunk_bytes=chunk_bytes) for i, n in enumerate(workers)]
+    build_chain(relays)
+    pub = WeightPublisher(relays[0])
+    w = np.random.default_rng(0).integers(0, 256, size=nbytes, dtype=np.uint8)
+    stalls, reach = [], []
+    try:
+        for v in range(1, versions + 1):
+            w[:8] = v  # a different version each time, at no cost
+            stall = pub.publish(v, w, _Layout(nbytes))
+            ray.get([r.wait_version.remote(v, 300) for r in relays], timeout=600)
+            stats = ray.get([r.stats.remote() for r in relays], timeout=60)
+            t0 = pub.publish_times[v]
+            if v > warmup:
+                stalls.append(stall)
+                reach.append([s["versions"][v]["t_complete"] - t0 for s in stats])
+        pulls = _pull_times(relays[-1], nbytes) if workers else {}
+    finally:
+        pub.close()
+        for r in relays:
+            ray.get(r.shutdown.remote(), timeout=30)
+            ray.kill(r)
+    per_relay = [statistics.median(col) for col in zip(*reach)]
+    return {
+        "relays_after_master": len(workers),
+        "chunk_bytes": chunk_bytes,
+        "stall_s": stalls,
+        "stall_median_s": statistics.median(stalls),
+        "reach_s_by_version": reach,
+        "reach_median_s": per_relay,  # index 0 is the master relay
+        "pulls": pulls,
+    }
+
+
+def _pull_times(relay: Any, nbytes: int, repeats: int = 3) -> dict[str, float]:
+    """A rollout's pull between batches: map the slot and copy into its own buffer (numpy, then torch)."""
+    import torch
+
+    from laminar.relay.pull import pull_latest
+
+    np_dst = np.empty(nbytes, dtype=np.uint8)
+    np_dst.fill(0)
+    th_dst = torch.zeros(nbytes, dtype=torch.uint8)
+
+    def into_numpy(buf: np.ndarray, layout: Any, version: int) -> None:
+        np.copyto(np_dst, buf)
+
+    def into_torch(buf: np.ndarray, layout: Any, version: int) -> None:
+        th_dst.copy_(torch.from_numpy(buf))
+
+    out: dict[str, float] = {}
+    for name, fn in (("numpy_s", into_numpy), ("torch_s", into_torch)):
+        runs = []
+        for _ in range(repeats):
+            got = pull_latest(relay, fn, None)
+            assert got is not None
+            runs.append(got[1])
+        out[name] = statistics.median(runs)
+    return out
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    full, sf = result["pipelined"], result.get("store_and_forward")
+    pos = list(range(len(full["reach_median_s"])))
+    labels = ["master", *[f"relay {i}" for i in pos[1:]]]
+    axes[0].plot(
+        pos, full["reach_median_s"], "o-", label=f"pipelined ({full['chunk_bytes'] >> 20} MiB chunks)"
+    )
+    if sf:
+        axes[0].plot(pos, sf["reach_median_s"], "s--", label="store and forward (1 chunk)")
+    axes[0].set_xticks(pos, labels)
+    axes[0].set_ylabel("publish -> complete and verified (s)")
+    axes[0].set_title(f"{result['mb']} MB version along the chain")
+    axes[0].legend()
+    ns = sorted(result["stall_by_relays"], key=int)
+    axes[1].bar([str(n) for n in ns], [result["stall_by_relays"][n] * 1e3 for n in ns])
+    axes[1].set_xlabel("relays after the master")
+    axes[1].set_ylabel("trainer stall per publish (ms, median)")
+    axes[1].set_title("publish stall")
+    pulls = full["pulls"]
+    axes[2].bar(list(pulls), [v * 1e3 for v in pulls.values()])
+    axes[2].set_ylabel("pull time (ms, median)")
+    axes[2].set_title("rollout pull from its node's relay")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="laminar bench relay", description=__doc__)
+    p.add_argument("--mb", type=int, default=200, help="version size in MB (default 200)")
+    p.add_argument("--relays", type=int, default=4, help="relays after the master, one per node (default 4)")
+    p.add_argument("--chunk-mb", type=float, default=4.0, help="chunk size along the chain (default 4)")
+    p.add_argument("--versions", type=int, default=3, help="measured versions per configuration (default 3)")
+    p.add_argument("--warmup", type=int, default=3, help="versions first published unmeasured (default 3)")
+    p.add_argument("--no-store-and-forward", action="store_true", help="skip the one-chunk reference chain")
+    p.add_argument("--out", default="results/relay", help="output folder (default results/relay)")
+    args = p.parse_args(argv)
+    if args.relays < 1 or args.mb < 1:
+        p.error(f"--relays ({args.relays}) and --mb ({args.mb}) must be at least 1")
+
+    # Before Ray is imported: its constants read these once. Loopback keeps the bootstrap address on 127.0.0.1.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    nbytes = args.mb * 1_000_000
+    chunk = int(args.chunk_mb * (1 << 20))
+    total = args.versions + args.warmup
+    cluster = _start_cluster(args.relays)
+    try:
+        head = ray.get_runtime_context().get_node_id()
+        workers = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != head][: args.relays]
+        result: dict[str, Any] = {
+            "mb": args.mb,
+            "relays": args.relays,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+            },
+            "transport": "TCP over loopback between Ray nodes of one machine (ray.cluster_utils.Cluster)",
+        }
+        t = time.time()
+        result["pipelined"] = _run_chain(head, workers, nbytes, chunk, total, args.warmup)
+        print(
+            f"pipelined chain of {args.relays}: reach (s) {np.round(result['pipelined']['reach_median_s'], 3)}"
+        )
+        if not args.no_store_and_forward:
+            result["store_and_forward"] = _run_chain(head, workers, nbytes, nbytes, total, args.warmup)
+            print(
+                f"store-and-forward: reach (s) {np.round(result['store_and_forward']['reach_median_s'], 3)}"
+            )
+        stall = {args.relays: result["pipelined"]["stall_median_s"]}
+        for n in sorted({0, 1, 2} - {args.relays}):
+            if n < args.relays:
+                stall[n] = _run_chain(head, workers[:n], nbytes, chunk, total, args.warmup)["stall_median_s"]
+        result["stall_by_relays"] = {str(k): v for k, v in sorted(stall.items())}
+        reach = result["pipelined"]["reach_median_s"]
+        result["last_over_first_relay"] = reach[-1] / reach[1]
+        result["last_over_master"] = reach[-1] / reach[0]
+        result["bench_wall_s"] = time.time() - t
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "relay.json").write_text(json.dumps(result, indent=2))
+    _plot(result, out / "relay.png")
+    print(
+        f"last/first relay {result['last_over_first_relay']:.2f}x, last/master {result['last_over_master']:.2f}x; "
+        f"stall by relays (ms) { {k: round(v * 1e3, 1) for k, v in result['stall_by_relays'].items()} }; "
+        f"pull {result['pipelined']['pulls']}; wrote {out / 'relay.json'} and {out / 'relay.png'}"
+    )
+    return 0
