@@ -169,3 +169,39 @@ def test_bad_publish_inputs(nodes):
     finally:
         pub.close()
         kill_all(relays)
+
+
+def test_state_dict_publish_round_trips_through_unflatten(nodes):
+    """The trainer's path: a torch state_dict in, engine-format flat bytes out at another node's relay."""
+    import torch
+
+    from laminar.engine.weights import unflatten
+
+    relays = place_relays(nodes[1:3], prefix="sd")
+    build_chain(relays)
+    pub = WeightPublisher(relays[0])
+    g = torch.Generator().manual_seed(0)
+    state = {
+        "model.embed_tokens.weight": torch.randn(50, 16, generator=g),
+        "model.norm.weight": torch.randn(16, generator=g).to(torch.bfloat16),
+        "model.layers.0.mlp.up_proj.weight": torch.randn(32, 16, generator=g),
+    }
+    got: dict[str, torch.Tensor] = {}
+
+    def load(buf: np.ndarray, layout, version: int) -> None:
+        got.update({k: v.clone() for k, v in unflatten(buf, layout).items()})
+
+    try:
+        for version in (1, 2):
+            state = {k: v + 1 for k, v in state.items()}
+            pub.publish(version, state)
+            ray.get(relays[-1].wait_version.remote(version, 30), timeout=60)
+            assert pull_latest(relays[-1], load, version - 1, timeout=30)[0] == version
+            assert got.keys() == state.keys()
+            for k, v in state.items():
+                assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+        with pytest.raises(KeyError, match="model.norm.weight"):
+            pub.publish(3, {k: v for k, v in state.items() if k != "model.norm.weight"})
+    finally:
+        pub.close()
+        kill_all(relays)
