@@ -205,3 +205,46 @@ def test_state_dict_publish_round_trips_through_unflatten(nodes):
     finally:
         pub.close()
         kill_all(relays)
+
+
+def test_publisher_survives_a_dead_master_and_moves_to_a_new_one(nodes):
+    master, tail = relay_on_node(nodes[0], "m-old"), relay_on_node(nodes[1], "m-tail")
+    build_chain([master, tail])
+    pub = WeightPublisher(master, num_slots=2, timeout=30)
+    new = None
+    try:
+        pub.publish(1, weights(1), Layout(NBYTES))
+        ray.get(tail.wait_version.remote(1, 30), timeout=60)
+        ray.kill(master, no_restart=True)
+        for version in (2, 3, 4):  # training goes on; the failed hand-offs free their slots
+            pub.publish(version, weights(version), Layout(NBYTES))
+        new = relay_on_node(nodes[0], "m-new")
+        build_chain([new, tail])
+        pub.set_master(new)
+        pub.publish(5, weights(5), Layout(NBYTES))
+        ray.get(tail.wait_version.remote(5, 30), timeout=60)
+        check_pull(tail, 5)
+        pub.poll()
+        assert pub.errors, "the dead master's failures are recorded"
+    finally:
+        pub.close()
+        kill_all([r for r in (master, tail, new) if r is not None])
+
+
+def test_rapid_publishes_end_at_the_newest_and_never_go_back(nodes):
+    """Publishing faster than the chain moves: versions may be skipped, never reordered or torn."""
+    relays = place_relays(nodes[:3], prefix="rapid", chunk_bytes=CHUNK)
+    build_chain(relays)
+    pub = WeightPublisher(relays[0])
+    try:
+        for version in range(1, 13):
+            pub.publish(version, weights(version), Layout(NBYTES))
+        assert ray.get([r.wait_version.remote(12, 60) for r in relays], timeout=90) == [12] * 3
+        for r in relays:
+            check_pull(r, 12)
+            history = ray.get(r.stats.remote(), timeout=30)["versions"]
+            by_arrival = sorted(history, key=lambda v: history[v]["t_complete"])
+            assert by_arrival == sorted(history) and by_arrival[-1] == 12
+    finally:
+        pub.close()
+        kill_all(relays)
