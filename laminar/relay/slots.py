@@ -90,17 +90,21 @@ def new_buffer_path(tag: str, index: int, directory: str = SHM_DIR) -> str:
 
 
 class MappedView:
-    """A private (copy-on-write) mapping of someone else's slot: what a local reader loads weights from.
+    """A mapping of someone else's slot: what a local reader loads weights from, zero copy.
 
-    Zero copy while only read; a stray write by the reader stays in its own pages and never reaches the slot.
+    By default private (copy-on-write): a stray write by the reader stays in its own pages. `shared=True` maps
+    the slot's own pages read-only, so a mapping kept across versions always shows what the relay wrote last
+    (CUDA registration of a private mapping copies its pages and would freeze an old version).
     """
 
-    def __init__(self, path: str, nbytes: int):
+    def __init__(self, path: str, nbytes: int, *, shared: bool = False):
         fd = os.open(path, os.O_RDONLY)
         try:
-            self._mm = mmap.mmap(fd, max(nbytes, 1), access=mmap.ACCESS_COPY)
+            access = mmap.ACCESS_READ if shared else mmap.ACCESS_COPY
+            self._mm = mmap.mmap(fd, max(nbytes, 1), access=access)
         finally:
             os.close(fd)
+        self.path, self.nbytes = path, nbytes
         self.array = np.frombuffer(self._mm, dtype=np.uint8, count=nbytes)
 
     def close(self) -> None:

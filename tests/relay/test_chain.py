@@ -248,3 +248,33 @@ def test_rapid_publishes_end_at_the_newest_and_never_go_back(nodes):
     finally:
         pub.close()
         kill_all(relays)
+
+
+def test_slot_reader_keeps_mappings_coherent_across_versions(nodes):
+    """Kept (shared, read-only) mappings of the relay's few slots always show the version just leased."""
+    from laminar.relay.pull import SlotReader
+
+    relays = place_relays(nodes[:2], prefix="reader", chunk_bytes=CHUNK)
+    build_chain(relays)
+    pub = WeightPublisher(relays[0])
+    reader = SlotReader(relays[-1], pin=None)
+    out = np.empty(NBYTES, dtype=np.uint8)
+
+    def load(buf: np.ndarray, layout, version: int) -> None:
+        np.copyto(out, buf)
+
+    try:
+        current = None
+        for version in range(1, 8):  # more versions than slots: every slot file is reused
+            pub.publish(version, weights(version), Layout(NBYTES))
+            ray.get(relays[-1].wait_version.remote(version, 30), timeout=60)
+            got = reader.pull(load, current)
+            assert got is not None and got[0] == version
+            assert np.array_equal(out, weights(version)), version
+            current = version
+        assert reader.pull(load, current) is None
+        assert len(reader._maps) <= 3
+    finally:
+        reader.close()
+        pub.close()
+        kill_all(relays)
