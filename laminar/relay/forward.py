@@ -45,6 +45,7 @@ class Forwarder:
         self._gen = 0
         self._jobs: deque[Slot] = deque()  # each holds one reader count on its slot
         self._stopped = False
+        self._sock: socket.socket | None = None
         self.error: str | None = None
         self.sent: list[int] = []
         self.skipped_by_downstream: list[int] = []
@@ -62,6 +63,11 @@ class Forwarder:
             self._addr = addr
             self._gen += 1
             self.error = None
+            if self._sock is not None:
+                try:  # a send blocked on a hung downstream returns at once instead of at the I/O timeout
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
             newest = self._pool.newest()
             if addr is not None and not self._jobs and newest is not None:
                 self._push(newest)
@@ -102,6 +108,10 @@ class Forwarder:
                 self._pool.release(self._jobs.popleft())
             return self._jobs[0], self._gen, self._addr
 
+    def _superseded(self, slot: Slot) -> bool:
+        """A queued copy of this version (or a newer one) is complete: stop waiting on a stalled upstream."""
+        return any(j.state == READY and j.version >= slot.version for j in list(self._jobs)[1:])
+
     def _finish_job(self, slot: Slot) -> None:
         with self._cond:
             if self._jobs and self._jobs[0] is slot:
@@ -126,6 +136,10 @@ class Forwarder:
                     sock = socket.create_connection(addr, timeout=self._io_timeout)
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     sock_gen = gen
+                    with self._cond:
+                        self._sock = sock
+                        if gen != self._gen:  # relinked while connecting
+                            continue
                 self._send(sock, slot, gen)
                 self._finish_job(slot)
             except _Relinked:
@@ -156,11 +170,16 @@ class Forwarder:
                     and slot.state != ABORTED
                     and gen == self._gen
                     and not self._stopped
+                    and not self._superseded(slot)
                 ):
                     self._cond.wait(timeout=1.0)
                 if gen != self._gen:
                     raise _Relinked
-                if slot.state == ABORTED or self._stopped:
+                if (
+                    slot.state == ABORTED
+                    or self._stopped
+                    or (slot.ready_chunks <= i and self._superseded(slot))
+                ):
                     wire.send_header(sock, wire.ABORT, version)
                     return
                 crc = slot.crcs[i]

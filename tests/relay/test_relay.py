@@ -203,3 +203,32 @@ def test_concurrent_reader_only_sees_complete_versions(chain, trainer_slot):
         t.join(timeout=10)
     assert seen and all(ok for _, ok in seen), [s for s in seen if not s[1]]
     assert [v for v, _ in seen] == sorted(v for v, _ in seen)  # never goes back
+
+
+def test_a_hung_upstream_does_not_hold_the_version_back(chain):
+    """Rebuilt mid-version: the old upstream stalls (alive, silent), the new one sends the same version."""
+    hung = FakeUpstream(chain[1], version=9)
+    hung.chunk(0)  # ...and nothing more: chain[1] is writing v9 and forwarding chunk 0 downstream
+    fresh = FakeUpstream(chain[1], version=9)
+    for i in range(4):
+        fresh.chunk(i)
+    fresh.end()
+    # Well before the 60 s I/O timeout: the relay takes the second copy and its forwarder drops the stalled one.
+    assert chain[2].wait_version(9, timeout=10) == 9
+    assert np.array_equal(held_bytes(chain[2])[1], fresh.w)
+    hung.sock.close()
+
+
+def test_relinking_interrupts_a_send_to_a_hung_downstream(trainer_slot):
+    master = Relay("relink-master", host="127.0.0.1", chunk_bytes=CHUNK)
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never reads: sends block once buffers fill
+    good = Relay("relink-good", host="127.0.0.1", chunk_bytes=CHUNK)
+    try:
+        master.set_downstream(silent.getsockname()[:2])
+        publish(master, trainer_slot, 1, nbytes=16 << 20)  # the forwarder is now stuck in BEGIN's reply
+        master.set_downstream(good.address())
+        assert good.wait_version(1, timeout=10) == 1
+    finally:
+        master.shutdown()
+        good.shutdown()
+        silent.close()
