@@ -10,6 +10,9 @@ import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Keep every Ray node on loopback: Ray otherwise resolves 127.0.0.1 to the machine's outward address and the
+# driver looks for a loopback-bound GCS there. Must be set before ray is imported.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 @pytest.fixture(scope="session")
