@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from laminar.relay import pinning
 from laminar.relay.slots import ShmBuffer, new_buffer_path, sweep_stale
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,24 @@ def as_flat_bytes(x: Any) -> np.ndarray:
 class WeightPublisher:
     """Owned by the trainer process; the master relay must run on the same node (it maps our slots)."""
 
-    def __init__(self, master: Any, *, num_slots: int = 3, timeout: float = 60.0, tag: str = "publish"):
+    def __init__(
+        self,
+        master: Any,
+        *,
+        num_slots: int = 3,
+        timeout: float = 60.0,
+        tag: str = "publish",
+        pin: bool | None = None,
+    ):
+        """`pin`: register the slots with CUDA so a GPU trainer's copy out runs at PCIe speed (None: if CUDA)."""
         if num_slots < 2:
             raise ValueError(f"num_slots={num_slots}: need at least 2 so a publish never waits for a read")
+        if pin and not pinning.cuda_available():
+            raise ValueError(
+                "pin=True registers slots with CUDA, but CUDA is not available here; use pin=None"
+            )
+        self._pin = pinning.cuda_available() if pin is None else pin
+        self._registered: list[bool] = []
         sweep_stale()
         self._master = master
         self._timeout = timeout
@@ -107,6 +123,7 @@ class WeightPublisher:
             for i in range(self._num_slots):
                 self._slots.append(ShmBuffer(new_buffer_path(self._tag, i), nbytes))
                 self._pending.append(None)
+                self._registered.append(False)
         self._collect()
         free = [i for i, ref in enumerate(self._pending) if ref is None]
         if not free:
@@ -120,7 +137,14 @@ class WeightPublisher:
             self._collect()
             free = [i for i, ref in enumerate(self._pending) if ref is None]
         slot = free[0]
-        self._slots[slot].resize(nbytes)
+        buf = self._slots[slot]
+        if buf.capacity < nbytes:
+            if self._registered[slot]:
+                pinning.unregister(buf.array)
+                self._registered[slot] = False
+            buf.resize(nbytes)
+        if self._pin and not self._registered[slot]:
+            self._registered[slot] = pinning.register(buf.array, read_only=False)
         return slot
 
     def _collect(self) -> None:
@@ -143,6 +167,8 @@ class WeightPublisher:
         self._collect()
 
     def close(self) -> None:
-        for buf in self._slots:
+        for buf, registered in zip(self._slots, self._registered):
+            if registered:
+                pinning.unregister(buf.array)
             buf.close(unlink=True)
-        self._slots, self._pending = [], []
+        self._slots, self._pending, self._registered = [], [], []

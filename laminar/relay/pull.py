@@ -11,7 +11,6 @@ once; results/relay/gpu_pin_probe.json).
 
 from __future__ import annotations
 
-import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -20,14 +19,10 @@ from typing import Any
 import numpy as np
 import ray
 
+from laminar.relay import pinning
 from laminar.relay.slots import MappedView
 
-log = logging.getLogger(__name__)
-
 LoadFn = Callable[[np.ndarray, Any, int], None]
-
-_CUDA_HOST_REGISTER_PORTABLE = 1
-_CUDA_HOST_REGISTER_READ_ONLY = 8
 
 
 def pull_latest(
@@ -53,11 +48,11 @@ class SlotReader:
     def __init__(self, relay: Any, *, pin: bool | None = None, timeout: float = 30.0, max_maps: int = 8):
         self.relay = relay
         self.timeout = timeout
-        if pin and not _cuda_available():
+        if pin and not pinning.cuda_available():
             raise ValueError(
                 "pin=True registers slots with CUDA, but CUDA is not available here; use pin=None"
             )
-        self._pin = _cuda_available() if pin is None else pin
+        self._pin = pinning.cuda_available() if pin is None else pin
         self._max_maps = max_maps
         self._maps: dict[str, tuple[MappedView, bool]] = {}  # path -> (view, registered)
 
@@ -91,43 +86,15 @@ class SlotReader:
         while len(self._maps) >= self._max_maps:
             self._drop(next(iter(self._maps)))
         view = MappedView(path, nbytes, shared=True)
-        self._maps[path] = (view, self._pin and _cuda_register(view.array))
+        self._maps[path] = (view, self._pin and pinning.register(view.array, read_only=True))
         return view
 
     def _drop(self, path: str) -> None:
         view, registered = self._maps.pop(path)
         if registered:
-            _cuda_unregister(view.array)
+            pinning.unregister(view.array)
         view.close()
 
     def close(self) -> None:
         for path in list(self._maps):
             self._drop(path)
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-def _cuda_register(arr: np.ndarray) -> bool:
-    """Page-lock a read-only mapping for the GPU; False (and pageable copies) when the driver refuses."""
-    import torch
-
-    flags = _CUDA_HOST_REGISTER_PORTABLE | _CUDA_HOST_REGISTER_READ_ONLY
-    err = torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, flags)
-    if int(err) != 0:
-        log.warning(
-            "cudaHostRegister of a %d-byte weight slot failed (%s); pulls stay pageable", arr.nbytes, err
-        )
-        return False
-    return True
-
-
-def _cuda_unregister(arr: np.ndarray) -> None:
-    import torch
-
-    torch.cuda.cudart().cudaHostUnregister(arr.ctypes.data)
