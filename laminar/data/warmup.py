@@ -19,10 +19,10 @@ from laminar.data.tasks import ReverseTask, TaskCodec, save_tokenizer
 @dataclass
 class WarmupConfig:
     hidden_size: int = 128
-    layers: int = 2
+    layers: int = 4
     heads: int = 4
     intermediate_size: int = 256
-    steps: int = 180
+    steps: int = 200
     batch_size: int = 32
     lr: float = 3e-3
     seed: int = 1234  # the RL dataset uses other seeds, so warm-up rows are not the RL rows
