@@ -56,10 +56,10 @@ class RolloutConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 40
-    groups_per_step: int = 8
+    steps: int = 200
+    groups_per_step: int = 16
     group_size: int = 8
-    lr: float = 2e-4
+    lr: float = 6e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     clip_low: float = 0.2
@@ -89,7 +89,7 @@ class RepackConfig:
 
 @dataclass
 class BufferConfig:
-    capacity_groups: int = 16  # groups dispatched and not yet trained on, at most (flow control)
+    capacity_groups: int = 32  # groups dispatched and not yet trained on, at most (flow control)
     max_staleness: int = -1  # -1 = unbounded (Laminar's default); stream/partial use schedule.staleness
 
 

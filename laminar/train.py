@@ -60,7 +60,7 @@ class Progress:
         st = m["staleness"]
         print(f"step {m['version']:3d}/{self.steps}  t {time.time() - self.t0:6.1f}s  reward {m['reward_mean']:.3f}"
               f" (ma5 {ma:.3f})  tokens {m['tokens']:5d}  staleness mean {sum(st) / len(st):.2f} max {max(st)}"
-              f"  stall {1000 * m['stall_s']:.1f} ms  mismatch {m.get('logprob_mismatch', 0.0):.4f}", flush=True)
+              f"  stall {1000 * m['stall_s']:.1f} ms  |logp train-rollout| {m.get('logprob_mismatch_abs', 0.0):.4f}", flush=True)
 
 
 def train(cfg: Config, out: Path, quiet: bool = False) -> dict[str, Any]:

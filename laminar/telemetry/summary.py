@@ -31,7 +31,7 @@ def summarize(records: list[dict[str, Any]], *, schedule: str, wall_s: float, wa
     gens = [r for r in records if r["kind"] == "replica"]
     staleness = [s for r in steps for s in r.get("staleness", [])]
     rewards = [r["reward_mean"] for r in steps]
-    window = max(1, min(5, len(rewards) // 4 or 1))
+    window = max(1, min(10, len(rewards) // 5))
     ma = moving_average(rewards, window)
 
     # Training throughput over a window of steps after warm-up: trained tokens / wall time of that window.
@@ -56,7 +56,7 @@ def summarize(records: list[dict[str, Any]], *, schedule: str, wall_s: float, wa
         "train_tokens_per_s": round(train_tps, 2),
         "gen_tokens": int(gen_tokens),
         "gen_tokens_per_s": round(gen_tokens / wall_s, 2) if wall_s > 0 else 0.0,
-        "reward_start": round(ma[0], 4) if ma else 0.0,
+        "reward_start": round(float(np.mean(rewards[:window])), 4) if rewards else 0.0,
         "reward_end": round(ma[-1], 4) if ma else 0.0,
         "staleness": {
             "mean": float(np.mean(staleness)) if staleness else 0.0,
@@ -69,6 +69,7 @@ def summarize(records: list[dict[str, Any]], *, schedule: str, wall_s: float, wa
         "relay_propagation_s": _stats([r["propagation_s"] for r in publishes if r.get("propagation_s") is not None]),
         "pulls": len(pulls),
         "pull_s": _stats([r["seconds"] for r in pulls]),
+        "reward_window": window,
         "kv_utilisation": round(float(np.mean(kv)), 4) if kv else 0.0,
         "trajectories": trajectories,
     }
