@@ -14,7 +14,7 @@ import threading
 from collections import deque
 
 from laminar.relay import wire
-from laminar.relay.slots import ABORTED, READY, Slot, SlotPool
+from laminar.relay.slots import ABORTED, READY, WRITING, Slot, SlotPool
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,18 @@ class Forwarder:
                     self._sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-            newest = self._pool.newest()
-            if addr is not None and not self._jobs and newest is not None:
-                self._push(newest)
             if addr is None:
                 self._drop_all()
+            elif not self._jobs:
+                # Catch the new downstream up: the newest complete version, then any newer one still arriving.
+                newest = self._pool.newest()
+                floor = -1 if newest is None else newest.version
+                arriving = sorted(
+                    (s for s in self._pool.slots if s.state == WRITING and s.version > floor),
+                    key=lambda s: s.version,
+                )
+                for slot in ([newest] if newest is not None else []) + arriving:
+                    self._push(slot)
             self._cond.notify_all()
 
     def enqueue(self, slot: Slot) -> None:

@@ -232,3 +232,20 @@ def test_relinking_interrupts_a_send_to_a_hung_downstream(trainer_slot):
         master.shutdown()
         good.shutdown()
         silent.close()
+
+
+def test_a_downstream_linked_mid_version_gets_the_arriving_version(chain):
+    """Relinked while a version is still arriving: the new downstream is offered it too, not only the older one."""
+    mid = chain[1]
+    mid.set_downstream(None)
+    up = FakeUpstream(mid, version=11)
+    up.chunk(0)
+    wait_chunks = mid._pool.find(11)
+    with mid._cond:
+        assert mid._cond.wait_for(lambda: wait_chunks.ready_chunks >= 1, timeout=10)
+    mid.set_downstream(chain[2].address())
+    for i in range(1, 4):
+        up.chunk(i)
+    up.end()
+    assert chain[2].wait_version(11, timeout=10) == 11
+    assert np.array_equal(held_bytes(chain[2])[1], up.w)
