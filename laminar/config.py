@@ -108,6 +108,9 @@ class RunConfig:
     timeout_s: float = 120.0  # longest any single wait may take before the run fails with a message
     ray_address: str = ""  # empty = start a local Ray instance
     num_cpus: int = 0  # logical CPUs for a local Ray instance; 0 = enough for the configured actors
+    save_trajectories: bool = (
+        True  # trained trajectories (token ids, versions, rewards) to trajectories.jsonl
+    )
 
 
 @dataclass
@@ -134,7 +137,9 @@ def _coerce(path: str, value: Any, kind: type) -> Any:
             return value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{path}: expected true or false, got {value!r}")
     if kind is int:
-        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+        if isinstance(value, bool) or not (
+            isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        ):
             raise ConfigError(f"{path}: expected an integer, got {value!r}")
         return int(value)
     if kind is float:
@@ -194,10 +199,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     if path:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist; pass a YAML file or no file for the demo")
+            raise ConfigError(
+                f"config file {str(p)!r} does not exist; pass a YAML file or no file for the demo"
+            )
         data = yaml.safe_load(p.read_text()) or {}
         if not isinstance(data, dict):
-            raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections, got {type(data).__name__}")
+            raise ConfigError(
+                f"config file {str(p)!r} must hold a mapping of sections, got {type(data).__name__}"
+            )
         _apply(cfg, data)
     for text in overrides:
         key, value = parse_override(text)
@@ -215,10 +224,18 @@ def validate(cfg: Config) -> None:
     _check(cfg.model.dtype in ("float32", "bfloat16"), "model.dtype", cfg.model.dtype, "float32 or bfloat16")
     _check(cfg.model.device in ("auto", "cpu", "cuda"), "model.device", cfg.model.device, "auto, cpu or cuda")
     if cfg.model.path:
-        _check(Path(cfg.model.path).is_dir(), "model.path", cfg.model.path,
-               "a local Hugging Face model directory (config.json + *.safetensors)")
-    _check(cfg.task.name in ("reverse", "lengths") or cfg.task.name.endswith(".jsonl"), "task.name", cfg.task.name,
-           "reverse (the demo), lengths (the benchmark workload) or a .jsonl file of rows")
+        _check(
+            Path(cfg.model.path).is_dir(),
+            "model.path",
+            cfg.model.path,
+            "a local Hugging Face model directory (config.json + *.safetensors)",
+        )
+    _check(
+        cfg.task.name in ("reverse", "lengths") or cfg.task.name.endswith(".jsonl"),
+        "task.name",
+        cfg.task.name,
+        "reverse (the demo), lengths (the benchmark workload) or a .jsonl file of rows",
+    )
     if cfg.task.reward:
         _check(":" in cfg.task.reward, "task.reward", cfg.task.reward, "a dotted path module:function")
     _check(cfg.task.num_prompts >= 1, "task.num_prompts", cfg.task.num_prompts, "at least 1")
@@ -227,8 +244,12 @@ def validate(cfg: Config) -> None:
     r, t = cfg.rollout, cfg.trainer
     _check(r.replicas >= 1, "rollout.replicas", r.replicas, "at least 1")
     _check(r.groups_per_batch >= 1, "rollout.groups_per_batch", r.groups_per_batch, "at least 1")
-    _check(r.max_num_seqs >= t.group_size, "rollout.max_num_seqs", r.max_num_seqs,
-           f"at least trainer.group_size ({t.group_size}) so a group fits one replica")
+    _check(
+        r.max_num_seqs >= t.group_size,
+        "rollout.max_num_seqs",
+        r.max_num_seqs,
+        f"at least trainer.group_size ({t.group_size}) so a group fits one replica",
+    )
     _check(r.kv_blocks >= 4 and r.block_size >= 1, "rollout.kv_blocks", r.kv_blocks, "at least 4 blocks")
     _check(r.temperature >= 0, "rollout.temperature", r.temperature, "0 (greedy) or a positive number")
     _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1]")
@@ -236,7 +257,9 @@ def validate(cfg: Config) -> None:
     _check(r.num_cpus > 0, "rollout.num_cpus", r.num_cpus, "a positive number of CPUs")
     _check(t.steps >= 1, "trainer.steps", t.steps, "at least 1")
     _check(t.groups_per_step >= 1, "trainer.groups_per_step", t.groups_per_step, "at least 1")
-    _check(t.group_size >= 2, "trainer.group_size", t.group_size, "at least 2 (GRPO compares samples of a group)")
+    _check(
+        t.group_size >= 2, "trainer.group_size", t.group_size, "at least 2 (GRPO compares samples of a group)"
+    )
     _check(t.lr > 0, "trainer.lr", t.lr, "a positive learning rate")
     _check(0 <= t.clip_low < 1, "trainer.clip_low", t.clip_low, "in [0, 1)")
     _check(t.clip_high >= 0, "trainer.clip_high", t.clip_high, "non-negative")
@@ -244,12 +267,20 @@ def validate(cfg: Config) -> None:
     _check(t.micro_batch >= 1, "trainer.micro_batch", t.micro_batch, "at least 1")
     _check(cfg.relay.chunk_mb > 0, "relay.chunk_mb", cfg.relay.chunk_mb, "a positive size in MB")
     _check(cfg.relay.slots >= 2, "relay.slots", cfg.relay.slots, "at least 2 (one complete, one arriving)")
-    _check(cfg.repack.interval_s > 0, "repack.interval_s", cfg.repack.interval_s, "a positive number of seconds")
+    _check(
+        cfg.repack.interval_s > 0, "repack.interval_s", cfg.repack.interval_s, "a positive number of seconds"
+    )
     _check(cfg.repack.batch_limit_b >= 1, "repack.batch_limit_b", cfg.repack.batch_limit_b, "at least 1")
     _check(0 < cfg.repack.kv_capacity <= 1, "repack.kv_capacity", cfg.repack.kv_capacity, "in (0, 1]")
-    _check(cfg.buffer.capacity_groups >= t.groups_per_step, "buffer.capacity_groups", cfg.buffer.capacity_groups,
-           f"at least trainer.groups_per_step ({t.groups_per_step})")
+    _check(
+        cfg.buffer.capacity_groups >= t.groups_per_step,
+        "buffer.capacity_groups",
+        cfg.buffer.capacity_groups,
+        f"at least trainer.groups_per_step ({t.groups_per_step})",
+    )
     _check(cfg.schedule.name in SCHEDULES, "schedule.name", cfg.schedule.name, " | ".join(SCHEDULES))
-    _check(cfg.schedule.staleness >= 0, "schedule.staleness", cfg.schedule.staleness, "a non-negative integer")
+    _check(
+        cfg.schedule.staleness >= 0, "schedule.staleness", cfg.schedule.staleness, "a non-negative integer"
+    )
     _check(cfg.run.max_wall_s > 0, "run.max_wall_s", cfg.run.max_wall_s, "a positive number of seconds")
     _check(cfg.run.timeout_s > 0, "run.timeout_s", cfg.run.timeout_s, "a positive number of seconds")

@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,14 @@ def start_ray(cfg: Config) -> None:
         ray.init(address=cfg.run.ray_address, log_to_driver=True)
         return
     need = cfg.trainer.num_cpus + cfg.rollout.replicas * cfg.rollout.num_cpus
-    ray.init(address="local", num_cpus=cfg.run.num_cpus or math.ceil(need) + 1, object_store_memory=256 << 20,
-             include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True)
+    ray.init(
+        address="local",
+        num_cpus=cfg.run.num_cpus or math.ceil(need) + 1,
+        object_store_memory=256 << 20,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=True,
+    )
 
 
 class Progress:
@@ -58,13 +65,22 @@ class Progress:
         self.rewards.append(m["reward_mean"])
         ma = sum(self.rewards[-5:]) / len(self.rewards[-5:])
         st = m["staleness"]
-        print(f"step {m['version']:3d}/{self.steps}  t {time.time() - self.t0:6.1f}s  reward {m['reward_mean']:.3f}"
-              f" (ma5 {ma:.3f})  tokens {m['tokens']:5d}  staleness mean {sum(st) / len(st):.2f} max {max(st)}"
-              f"  stall {1000 * m['stall_s']:.1f} ms  |logp train-rollout| {m.get('logprob_mismatch_abs', 0.0):.4f}", flush=True)
+        print(
+            f"step {m['version']:3d}/{self.steps}  t {time.time() - self.t0:6.1f}s  reward {m['reward_mean']:.3f}"
+            f" (ma5 {ma:.3f})  tokens {m['tokens']:5d}  staleness mean {sum(st) / len(st):.2f} max {max(st)}"
+            f"  stall {1000 * m['stall_s']:.1f} ms  |logp train-rollout| {m.get('logprob_mismatch_abs', 0.0):.4f}",
+            flush=True,
+        )
 
 
-def train(cfg: Config, out: Path, quiet: bool = False) -> dict[str, Any]:
-    import ray
+def train(
+    cfg: Config,
+    out: Path,
+    quiet: bool = False,
+    resume: bool = False,
+    hook: Callable[[Any, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """One run. `hook(runtime, step_metrics)` runs after every step (tests use it to inject failures)."""
 
     from laminar import schedules
     from laminar.runtime.launch import Runtime
@@ -73,21 +89,41 @@ def train(cfg: Config, out: Path, quiet: bool = False) -> dict[str, Any]:
     from laminar.telemetry.summary import summarize
 
     out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / "checkpoint"
+    if resume and not (ckpt / "runtime_state.pkl").is_file():
+        raise FileNotFoundError(
+            f"cannot resume {out}: it has no checkpoint/runtime_state.pkl (a run folder of "
+            "`laminar train` that reached its first checkpoint)"
+        )
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     model_path = resolve_model(cfg)
     start_ray(cfg)
     schedule = schedules.get(cfg.schedule.name)
     recorder = Recorder(out)
-    rt = Runtime.start(cfg, model_path, recorder, schedule.dispatch(cfg))
-    print(f"laminar: schedule {cfg.schedule.name}, {cfg.rollout.replicas} replicas, {len(rt.relays)} relays, "
-          f"model {model_path}, run folder {out}", flush=True)
+    rt = Runtime.start(cfg, model_path, recorder, schedule.dispatch(cfg), resume=ckpt if resume else None)
+    start_version = rt.version
+    steps = cfg.trainer.steps - start_version
+    print(
+        f"laminar: schedule {cfg.schedule.name}, {cfg.rollout.replicas} replicas, {len(rt.relays)} relays, "
+        f"model {model_path}, run folder {out}" + (f", resumed at step {rt.version}" if resume else ""),
+        flush=True,
+    )
+    progress = (lambda m: None) if quiet else Progress(cfg.trainer.steps, time.time())
+
+    def on_step(m: dict[str, Any]) -> None:
+        progress(m)
+        if hook is not None:
+            hook(rt, m)
+        if cfg.trainer.checkpoint_every and m["version"] % cfg.trainer.checkpoint_every == 0:
+            rt.checkpoint(ckpt)
+
     t_start = time.time()
     try:
-        schedule.run(rt, cfg.trainer.steps, (lambda m: None) if quiet else Progress(cfg.trainer.steps, t_start))
+        schedule.run(rt, steps, on_step)
     finally:
         wall = time.time() - t_start
         end = rt.stop()
-        ckpt = ray.get(rt.trainer.save_checkpoint.remote(str(out / "checkpoint")))
+        rt.checkpoint(ckpt)
         for v, seconds in sorted(rt.propagation().items()):
             recorder.log("propagation", version=v, seconds=seconds)
     buf, partial = end["buffer"], end["partial"]
@@ -100,11 +136,28 @@ def train(cfg: Config, out: Path, quiet: bool = False) -> dict[str, Any]:
     for r in recorder.of("publish"):
         r["propagation_s"] = prop.get(r["version"])
     summary = summarize(
-        recorder.records, schedule=cfg.schedule.name, wall_s=wall, warmup_steps=cfg.trainer.warmup_steps,
-        trajectories={"generated": generated, "trained": trained, "lost": max(lost, 0),
-                      "duplicated": rt.duplicated + buf.get("duplicates", 0), "in_flight_at_end": partial["in_flight"],
-                      "in_buffer_at_end": in_buffer, "evicted": buf.get("evicted_trajectories", 0)},
-        extra={"checkpoint": ckpt, "model": model_path, "repacks": end["repacks"], "failures": end["failures"]},
+        recorder.records,
+        schedule=cfg.schedule.name,
+        wall_s=wall,
+        warmup_steps=cfg.trainer.warmup_steps,
+        trajectories={
+            "generated": generated,
+            "trained": trained,
+            "lost": max(lost, 0),
+            "duplicated": rt.duplicated,
+            "deduplicated_by_buffer": buf.get("duplicates", 0),
+            "in_flight_at_end": partial["in_flight"],
+            "in_buffer_at_end": in_buffer,
+            "evicted": buf.get("evicted_trajectories", 0),
+        },
+        extra={
+            "checkpoint": str(ckpt),
+            "model": model_path,
+            "resumed_at": start_version if resume else None,
+            "restarted_on_resume": rt.restarted_on_resume,
+            "repacks": end["repacks"],
+            "failures": end["failures"],
+        },
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_run(recorder.records, out)
@@ -114,13 +167,25 @@ def train(cfg: Config, out: Path, quiet: bool = False) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="laminar train", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="laminar train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("config", nargs="?", help="YAML config file (optional; defaults are the CPU demo)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-5 rollout.replicas=4")
     ap.add_argument("--out", help="run folder (default: run.out from the config)")
+    ap.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last checkpoint")
     args = ap.parse_args(argv)
     config, overrides = args.config, list(args.overrides)
+    if args.resume:  # the run's own resolved config, then whatever is given here
+        if config and "=" not in config:
+            print(
+                "laminar train: --resume takes the run's own config.yaml; give only overrides",
+                file=sys.stderr,
+            )
+            return 2
+        overrides = [config, *overrides] if config else overrides
+        config = str(Path(args.resume) / "config.yaml")
+        args.out = args.resume
     if config and "=" in config:  # only overrides were given
         config, overrides = None, [config, *overrides]
     try:
@@ -130,9 +195,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.out:
         cfg.run.out = args.out
-    summary = train(cfg, Path(cfg.run.out))
-    keys = ("schedule", "wall_s", "trainer_steps", "train_tokens_per_s", "gen_tokens_per_s", "reward_start",
-            "reward_end", "staleness", "actor_stall_s", "relay_propagation_s", "trajectories")
+    summary = train(cfg, Path(cfg.run.out), resume=bool(args.resume))
+    keys = (
+        "schedule",
+        "wall_s",
+        "trainer_steps",
+        "train_tokens_per_s",
+        "gen_tokens_per_s",
+        "reward_start",
+        "reward_end",
+        "staleness",
+        "actor_stall_s",
+        "relay_propagation_s",
+        "trajectories",
+    )
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
     print(f"plots and summary in {cfg.run.out}")
     return 0

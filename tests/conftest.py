@@ -23,8 +23,12 @@ def ray_cluster():
 
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 6, "object_store_memory": 96 << 20, "node_ip_address": "127.0.0.1",
-                        "include_dashboard": False},
+        head_node_args={
+            "num_cpus": 6,
+            "object_store_memory": 96 << 20,
+            "node_ip_address": "127.0.0.1",
+            "include_dashboard": False,
+        },
     )
     for _ in range(2):
         cluster.add_node(num_cpus=4, object_store_memory=96 << 20, node_ip_address="127.0.0.1")
@@ -46,9 +50,18 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny-model")
     codec = TaskCodec()
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=codec.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         bos_token_id=codec.bos_id, eos_token_id=codec.eos_id, pad_token_id=codec.pad_id)
+    config = LlamaConfig(
+        vocab_size=codec.vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=codec.bos_id,
+        eos_token_id=codec.eos_id,
+        pad_token_id=codec.pad_id,
+    )
     LlamaForCausalLM(config).save_pretrained(out)
     save_tokenizer(codec.tokenizer, out)
     return out

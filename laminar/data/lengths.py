@@ -34,12 +34,17 @@ class LengthWorkload:
                     try:
                         pool.append(int(line))
                     except ValueError:
-                        raise ValueError(f"lengths file {path}, line {i}: {line!r} is not an integer") from None
+                        raise ValueError(
+                            f"lengths file {path}, line {i}: {line!r} is not an integer"
+                        ) from None
             if not pool:
                 raise ValueError(f"lengths file {path} holds no lengths")
             return [max(1, min(self.max_len, rng.choice(pool))) for _ in range(count)]
         sigma = math.log(self.p99_ratio) / Z99
-        return [max(1, min(self.max_len, round(self.median * math.exp(rng.gauss(0.0, sigma))))) for _ in range(count)]
+        return [
+            max(1, min(self.max_len, round(self.median * math.exp(rng.gauss(0.0, sigma)))))
+            for _ in range(count)
+        ]
 
     def rows(self, count: int) -> list[dict[str, Any]]:
         """Rows whose `sampling` field fixes the response length and ignores end-of-sequence."""

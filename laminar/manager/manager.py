@@ -63,19 +63,40 @@ class RolloutManager:
         self.handles: dict[int, Any] = {}
         self.repack_cfg: dict[str, Any] | None = None
         self.repack_stats = RepackStats()
-        self.failures = {"rollouts": 0, "relays": 0, "trainer": 0, "recovered_trajectories": 0,
-                         "restarted_trajectories": 0}
+        self.failures = {
+            "rollouts": 0,
+            "relays": 0,
+            "trainer": 0,
+            "recovered_trajectories": 0,
+            "restarted_trajectories": 0,
+        }
         self._tasks: list[asyncio.Task] = []
 
-    def configure(self, handles: dict[int, Any], *, partial_pool: Any, sampling: dict[str, Any], run_seed: int,
-                  repack: dict[str, Any] | None, replica_spec: dict[str, Any], relays: list[Any],
-                  relay_of_node: dict[str, Any], node_of_replica: dict[int, str], heartbeat_s: float,
-                  dead_after_s: float, timeout_s: float) -> None:
+    def configure(
+        self,
+        handles: dict[int, Any],
+        *,
+        partial_pool: Any,
+        sampling: dict[str, Any],
+        run_seed: int,
+        repack: dict[str, Any] | None,
+        replica_spec: dict[str, Any],
+        relays: list[Any],
+        relay_of_node: dict[str, Any],
+        node_of_replica: dict[int, str],
+        heartbeat_s: float,
+        dead_after_s: float,
+        timeout_s: float,
+    ) -> None:
         """What the background loops need: the replicas and relays, and how to make new ones."""
         self.handles = dict(handles)
         self.partial_pool, self.sampling, self.run_seed = partial_pool, sampling, run_seed
         self.repack_cfg, self.replica_spec = repack, replica_spec
-        self.relays, self.relay_of_node, self.node_of_replica = list(relays), dict(relay_of_node), node_of_replica
+        self.relays, self.relay_of_node, self.node_of_replica = (
+            list(relays),
+            dict(relay_of_node),
+            node_of_replica,
+        )
         self.heartbeat_s, self.dead_after_s, self.timeout_s = heartbeat_s, dead_after_s, timeout_s
 
     async def start_background(self) -> None:
@@ -91,16 +112,24 @@ class RolloutManager:
         state = self.replicas.setdefault(replica, ReplicaState(replica))
         deadline = time.monotonic() + self.poll_s
         while not self.stopped:
-            quota = self.dispatch.quota(version, self.trainer_version, self.dispatched_groups,
-                                        self.consumed_groups)
+            quota = self.dispatch.quota(
+                version, self.trainer_version, self.dispatched_groups, self.consumed_groups
+            )
             if quota > 0:
                 groups = await self.prompt_pool.next_groups.remote(quota)
                 if groups:
                     self.dispatched_groups += len(groups)
                     for g in groups:
                         state.groups[g.group_id] = g
-                    self.events.append({"kind": "dispatch", "t": time.time() - self.t0, "replica": replica,
-                                        "version": version, "groups": [g.group_id for g in groups]})
+                    self.events.append(
+                        {
+                            "kind": "dispatch",
+                            "t": time.time() - self.t0,
+                            "replica": replica,
+                            "version": version,
+                            "groups": [g.group_id for g in groups],
+                        }
+                    )
                     return groups
             remaining = deadline - time.monotonic()
             if remaining <= 0 or version < self.trainer_version:
@@ -121,8 +150,9 @@ class RolloutManager:
         self.timeline.append(row)
 
     def record_pull(self, replica: int, version: int, seconds: float, t: float) -> None:
-        self.events.append({"kind": "pull", "t": t - self.t0, "replica": replica, "version": version,
-                            "seconds": seconds})
+        self.events.append(
+            {"kind": "pull", "t": t - self.t0, "replica": replica, "version": version, "seconds": seconds}
+        )
 
     def group_done(self, replica: int, group_id: int) -> None:
         state = self.replicas.get(replica)
@@ -146,8 +176,12 @@ class RolloutManager:
         return self.report()
 
     def report(self) -> dict[str, Any]:
-        return {"repacks": self.repack_stats.summary(), "failures": dict(self.failures),
-                "replicas": sorted(self.handles), "relays": len(self.relays)}
+        return {
+            "repacks": self.repack_stats.summary(),
+            "failures": dict(self.failures),
+            "replicas": sorted(self.handles),
+            "relays": len(self.relays),
+        }
 
     def live_replicas(self) -> dict[int, Any]:
         return dict(self.handles)
@@ -165,11 +199,17 @@ class RolloutManager:
             if self.stopped:
                 return
             try:
-                snaps = await asyncio.gather(*[h.snapshot.remote() for h in self.handles.values()],
-                                             return_exceptions=True)
-                events = await repack_once(self.handles, [s for s in snaps if isinstance(s, dict)],
-                                           batch_limit_b=cfg["batch_limit_b"], kv_capacity=cfg["kv_capacity"],
-                                           stats=self.repack_stats, partial_pool=self.partial_pool)
+                snaps = await asyncio.gather(
+                    *[h.snapshot.remote() for h in self.handles.values()], return_exceptions=True
+                )
+                events = await repack_once(
+                    self.handles,
+                    [s for s in snaps if isinstance(s, dict)],
+                    batch_limit_b=cfg["batch_limit_b"],
+                    kv_capacity=cfg["kv_capacity"],
+                    stats=self.repack_stats,
+                    partial_pool=self.partial_pool,
+                )
             except ray.exceptions.RayActorError:
                 continue  # a replica died mid-move; the watch loop recovers its work from the partial pool
             now = time.time() - self.t0
@@ -200,13 +240,17 @@ class RolloutManager:
         handle = self.handles.pop(dead)
         ray.kill(handle)  # a hung one too
         self.failures["rollouts"] += 1
-        self.events.append({"kind": "failure", "t": time.time() - self.t0, "what": "rollout", "replica": dead})
+        self.events.append(
+            {"kind": "failure", "t": time.time() - self.t0, "what": "rollout", "replica": dead}
+        )
         new_id = max([*self.handles, dead, *self.node_of_replica]) + 1
         from laminar.runtime.actors import ReplicaActor
 
         spec = self.replica_spec
         new = ReplicaActor.options(**spec["options"]).remote(new_id, *spec["args"], **spec["kwargs"])
-        self.events.append({"kind": "replacement", "t": time.time() - self.t0, "replica": new_id, "for": dead})
+        self.events.append(
+            {"kind": "replacement", "t": time.time() - self.t0, "replica": new_id, "for": dead}
+        )
         node = await new.node_id.remote()
         self.node_of_replica[new_id] = node
         relay = self.relay_of_node.get(node) or await self._new_relay(node)
@@ -216,7 +260,9 @@ class RolloutManager:
 
     async def _recover(self, dead: int) -> None:
         entries = await self.partial_pool.on_replica.remote(dead)
-        snaps = await asyncio.gather(*[h.snapshot.remote() for h in self.handles.values()], return_exceptions=True)
+        snaps = await asyncio.gather(
+            *[h.snapshot.remote() for h in self.handles.values()], return_exceptions=True
+        )
         live = {s["replica"]: s["version"] for s in snaps if isinstance(s, dict)}
         groups = dict(self.replicas[dead].groups) if dead in self.replicas else {}
         plan = plan_recovery(entries, groups, live, self.sampling, self.run_seed, time.time())
@@ -232,7 +278,9 @@ class RolloutManager:
                     else:
                         self.partial_pool.restart.remote(tid, target, state.version)
                     self.failures[f"{kind}_trajectories"] += 1
-                    self.replicas.setdefault(target, ReplicaState(target)).groups[state.group.group_id] = state.group
+                    self.replicas.setdefault(target, ReplicaState(target)).groups[state.group.group_id] = (
+                        state.group
+                    )
         self.replicas.pop(dead, None)
 
     async def _new_relay(self, node: str) -> Any:
@@ -241,7 +289,9 @@ class RolloutManager:
         relay = relay_on_node(node, f"relay-{node[:6]}-{len(self.relays)}")
         self.relay_of_node[node] = relay
         self.relays.append(relay)
-        await asyncio.get_running_loop().run_in_executor(None, lambda: build_chain(self.relays, timeout=self.timeout_s))
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: build_chain(self.relays, timeout=self.timeout_s)
+        )
         return relay
 
     async def _replace_relay(self, dead: Any) -> None:

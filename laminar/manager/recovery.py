@@ -22,17 +22,26 @@ class Recovery:
     restarted: list[tuple[int, list[tuple[ExportedRequest, InFlight]]]]
 
 
-def plan_recovery(entries: list[PartialTrajectory], groups: dict[int, PromptGroup], live: dict[int, int],
-                  sampling: dict[str, Any], run_seed: int, now: float) -> Recovery:
+def plan_recovery(
+    entries: list[PartialTrajectory],
+    groups: dict[int, PromptGroup],
+    live: dict[int, int],
+    sampling: dict[str, Any],
+    run_seed: int,
+    now: float,
+) -> Recovery:
     """`live` maps replica -> version. Each trajectory goes to the least-loaded live replica of its version,
     or (restart) to the least-loaded live replica of any version with no tokens kept."""
     load = dict.fromkeys(live, 0)
     recovered: dict[int, list] = {}
     restarted: dict[int, list] = {}
     for e in sorted(entries, key=lambda e: e.traj_id):
-        group = groups.get(e.group_id) or PromptGroup(e.group_id, list(e.prompt_ids), n=e.sample_idx + 1, meta={})
-        params = SamplingParams(seed=sample_seed(run_seed, e.traj_id),
-                                **{**sampling, **group.meta.get("sampling", {})})
+        group = groups.get(e.group_id) or PromptGroup(
+            e.group_id, list(e.prompt_ids), n=e.sample_idx + 1, meta={}
+        )
+        params = SamplingParams(
+            seed=sample_seed(run_seed, e.traj_id), **{**sampling, **group.meta.get("sampling", {})}
+        )
         same = [r for r, v in live.items() if v == e.version]
         if same:
             target = min(same, key=lambda r: (load[r], r))
@@ -45,8 +54,11 @@ def plan_recovery(entries: list[PartialTrajectory], groups: dict[int, PromptGrou
         else:
             continue  # nothing alive: the caller keeps them in the pool for the replacement
         load[target] += 1
-        exported = ExportedRequest(e.traj_id, list(e.prompt_ids), tokens, logprobs, [version] * len(tokens),
-                                   params, version)
-        state = InFlight(group, e.sample_idx, version, now, list(tokens), list(logprobs), reported=len(tokens))
+        exported = ExportedRequest(
+            e.traj_id, list(e.prompt_ids), tokens, logprobs, [version] * len(tokens), params, version
+        )
+        state = InFlight(
+            group, e.sample_idx, version, now, list(tokens), list(logprobs), reported=len(tokens)
+        )
         bucket.setdefault(target, []).append((exported, state))
     return Recovery(sorted(recovered.items()), sorted(restarted.items()))

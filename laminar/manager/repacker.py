@@ -22,23 +22,42 @@ class RepackStats:
 
     def summary(self) -> dict[str, Any]:
         o = self.overhead_s
-        return {"count": self.count, "moved": self.moved, "released": self.released, "refused": self.refused,
-                "overhead_s": {"mean": sum(o) / len(o) if o else 0.0, "max": max(o) if o else 0.0}}
+        return {
+            "count": self.count,
+            "moved": self.moved,
+            "released": self.released,
+            "refused": self.refused,
+            "overhead_s": {"mean": sum(o) / len(o) if o else 0.0, "max": max(o) if o else 0.0},
+        }
 
 
 def load_of(snapshot: dict[str, Any]) -> ReplicaLoad:
     return ReplicaLoad(
-        replica=snapshot["replica"], version=snapshot["version"], waiting=snapshot["waiting"],
-        running=snapshot["running"], kv_blocks_used=snapshot["kv_used"], kv_blocks_total=snapshot["kv_total"],
-        peak_kv_blocks=snapshot["peak_kv"], requests=tuple((rid, b) for rid, b in snapshot["requests"] if b > 0),
+        replica=snapshot["replica"],
+        version=snapshot["version"],
+        waiting=snapshot["waiting"],
+        running=snapshot["running"],
+        kv_blocks_used=snapshot["kv_used"],
+        kv_blocks_total=snapshot["kv_total"],
+        peak_kv_blocks=snapshot["peak_kv"],
+        requests=tuple((rid, b) for rid, b in snapshot["requests"] if b > 0),
     )
 
 
-async def repack_once(handles: dict[int, Any], snapshots: list[dict[str, Any]], *, batch_limit_b: int,
-                      kv_capacity: float, stats: RepackStats, partial_pool: Any) -> list[dict[str, Any]]:
+async def repack_once(
+    handles: dict[int, Any],
+    snapshots: list[dict[str, Any]],
+    *,
+    batch_limit_b: int,
+    kv_capacity: float,
+    stats: RepackStats,
+    partial_pool: Any,
+) -> list[dict[str, Any]]:
     """One repack round; returns the events to log (one per source emptied)."""
     t0 = time.perf_counter()
-    plan = plan_repack([load_of(s) for s in snapshots], batch_limit_b=batch_limit_b, kv_capacity_frac=kv_capacity)
+    plan = plan_repack(
+        [load_of(s) for s in snapshots], batch_limit_b=batch_limit_b, kv_capacity_frac=kv_capacity
+    )
     if not plan.moves:
         return []
     by_pair: dict[tuple[int, int], list[str]] = defaultdict(list)
@@ -54,12 +73,17 @@ async def repack_once(handles: dict[int, Any], snapshots: list[dict[str, Any]], 
             back = [it for it in items if it[1].group.traj_id(it[1].sample_idx) in refused]
             await handles[src].import_requests.remote(back)
             stats.refused += len(refused)
-        moved = [it[1].group.traj_id(it[1].sample_idx) for it in items if
-                 it[1].group.traj_id(it[1].sample_idx) not in refused]
+        moved = [
+            it[1].group.traj_id(it[1].sample_idx)
+            for it in items
+            if it[1].group.traj_id(it[1].sample_idx) not in refused
+        ]
         for rid in moved:
             partial_pool.move.remote(rid, dst)
         stats.moved += len(moved)
-        events.append({"kind": "repack", "source": src, "destination": dst, "moved": len(moved)})
+        events.append(
+            {"kind": "repack", "source": src, "destination": dst, "moved": len(moved), "ids": moved}
+        )
     stats.count += 1
     stats.released += len(plan.released)
     stats.overhead_s.append(time.perf_counter() - t0)

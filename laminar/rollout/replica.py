@@ -50,11 +50,27 @@ class _Command:
 class RolloutReplica:
     """Plain class; `laminar.rollout.actor` wraps it in a threaded Ray actor."""
 
-    def __init__(self, replica_id: int, make_engine: Callable[[], Any], *, manager: Any, relay: Any,
-                 partial_pool: Any, buffer: Any, scorer: Any, sampling: dict[str, Any], run_seed: int,
-                 progress_every: int = 8, heartbeat_s: float = 1.0, timeout_s: float = 120.0,
-                 torch_threads: int = 1, interrupt_on_update: bool = False) -> None:
-        torch.set_num_threads(torch_threads)  # Ray gives fractional-CPU actors one OMP thread; say so explicitly
+    def __init__(
+        self,
+        replica_id: int,
+        make_engine: Callable[[], Any],
+        *,
+        manager: Any,
+        relay: Any,
+        partial_pool: Any,
+        buffer: Any,
+        scorer: Any,
+        sampling: dict[str, Any],
+        run_seed: int,
+        progress_every: int = 8,
+        heartbeat_s: float = 1.0,
+        timeout_s: float = 120.0,
+        torch_threads: int = 1,
+        interrupt_on_update: bool = False,
+    ) -> None:
+        torch.set_num_threads(
+            torch_threads
+        )  # Ray gives fractional-CPU actors one OMP thread; say so explicitly
         self.id = replica_id
         self.engine = make_engine()
         self.manager, self.relay, self.partial_pool, self.buffer = manager, relay, partial_pool, buffer
@@ -73,6 +89,7 @@ class RolloutReplica:
         self.busy_s = 0.0
         self.error: str | None = None
         self._last_beat = 0.0
+        self._reader: Any = None  # SlotReader when the engine is on CUDA
         self._thread = threading.Thread(target=self._main, name=f"replica-{replica_id}", daemon=True)
 
     # ---- called by the actor's other threads -------------------------------------------------------------
@@ -83,6 +100,8 @@ class RolloutReplica:
         self.stop_event.set()
         self._thread.join(timeout_s)
         self.score_pool.shutdown(wait=True)
+        if self._reader is not None and not self._thread.is_alive():
+            self._reader.close()
 
     def run_in_loop(self, fn: Callable[[], Any], timeout_s: float | None = None) -> Any:
         """Run `fn` on the loop thread between two engine steps and wait for its result."""
@@ -157,8 +176,9 @@ class RolloutReplica:
                 self._apply_commands()
                 if not self.engine.has_unfinished():
                     self._pull()
-                    groups = ray.get(self.manager.next_work.remote(self.id, self.engine.version),
-                                     timeout=self.timeout_s)
+                    groups = ray.get(
+                        self.manager.next_work.remote(self.id, self.engine.version), timeout=self.timeout_s
+                    )
                     self._add(groups)
                 self._decode()
         except Exception:  # the manager sees the error in heartbeats and replaces this replica
@@ -177,11 +197,25 @@ class RolloutReplica:
             except Exception as exc:  # handed to the caller, the loop goes on
                 cmd.done.set_exception(exc)
 
+    def set_relay(self, relay: Any) -> None:
+        """Our relay was replaced: the next pull maps the new relay's slots."""
+        self.relay = relay
+
     def _pull(self) -> None:
-        from laminar.relay.pull import pull_latest
+        from laminar.relay.pull import SlotReader, pull_latest
 
         try:
-            pulled = pull_latest(self.relay, self.engine.load_weights, self.engine.version, timeout=self.timeout_s)
+            if getattr(self.engine, "device", None) is not None and self.engine.device.type == "cuda":
+                # keep the slot mappings, registered with CUDA, across pulls (a pageable copy is ~10x slower)
+                if self._reader is None:
+                    self._reader = SlotReader(self.relay, timeout=self.timeout_s)
+                elif self._reader.relay is not self.relay:
+                    self._reader.set_relay(self.relay)
+                pulled = self._reader.pull(self.engine.load_weights, self.engine.version)
+            else:
+                pulled = pull_latest(
+                    self.relay, self.engine.load_weights, self.engine.version, timeout=self.timeout_s
+                )
         except ray.exceptions.RayActorError:  # our relay died; the manager gives us a new one, we pull later
             return
         if pulled is not None:

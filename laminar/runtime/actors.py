@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import ray
@@ -17,12 +18,21 @@ from laminar.data.prompt_pool import PromptPool
 from laminar.data.records import Trajectory
 
 
+def _exactly(wanted: set[int], ready: list, count: int, version: int) -> list[int]:
+    return [i for i, g in enumerate(ready) if g[0].group_id in wanted]
+
+
+def _oldest_version_first(ready: list, count: int, version: int) -> list[int]:
+    return sorted(range(len(ready)), key=lambda i: (ready[i][0].version, i))[:count]
+
+
 @ray.remote(num_cpus=0, max_concurrency=16)
 class BufferActor:
     """The experience buffer; `take` blocks (with a timeout) until enough complete groups are ready."""
 
-    def __init__(self, group_size: int, capacity: int, max_staleness: int | None, prompt_pool: Any,
-                 manager: Any) -> None:
+    def __init__(
+        self, group_size: int, capacity: int, max_staleness: int | None, prompt_pool: Any, manager: Any
+    ) -> None:
         self.buffer = ExperienceBuffer(group_size, capacity=capacity, max_staleness=max_staleness)
         self.prompt_pool, self.manager = prompt_pool, manager
         self.cond = threading.Condition()
@@ -37,16 +47,21 @@ class BufferActor:
             self.manager.group_done.remote(traj.replica, traj.group_id)
         return added
 
-    def take(self, count: int, version: int, timeout_s: float, group_ids: list[int] | None = None,
-             oldest_first: bool = False) -> list[list[Trajectory]]:
+    def take(
+        self,
+        count: int,
+        version: int,
+        timeout_s: float,
+        group_ids: list[int] | None = None,
+        oldest_first: bool = False,
+    ) -> list[list[Trajectory]]:
         """`count` complete groups: the buffer's sampler (FIFO), or exactly `group_ids`, or oldest version first."""
         deadline = time.monotonic() + timeout_s
         sampler = self.buffer.sampler
         if group_ids is not None:
-            wanted = set(group_ids)
-            sampler = lambda ready, n, v: [i for i, g in enumerate(ready) if g[0].group_id in wanted]  # noqa: E731
+            sampler = partial(_exactly, set(group_ids))
         elif oldest_first:
-            sampler = lambda ready, n, v: sorted(range(len(ready)), key=lambda i: (ready[i][0].version, i))[:n]  # noqa: E731
+            sampler = _oldest_version_first
         with self.cond:
             while (groups := self._sample(sampler, count, version)) is None:
                 left = deadline - time.monotonic()

@@ -6,6 +6,9 @@ relay on every node that hosts rollouts, chained master first; each replica pull
 
 from __future__ import annotations
 
+import json
+import pickle
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +39,13 @@ def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
         from laminar.data.lengths import LengthWorkload
 
         t = cfg.task
-        return LengthWorkload(median=t.length_median, p99_ratio=t.length_p99_ratio, lengths_file=t.lengths_file,
-                              max_len=cfg.rollout.max_new_tokens, seed=t.seed).rows(t.num_prompts)
+        return LengthWorkload(
+            median=t.length_median,
+            p99_ratio=t.length_p99_ratio,
+            lengths_file=t.lengths_file,
+            max_len=cfg.rollout.max_new_tokens,
+            seed=t.seed,
+        ).rows(t.num_prompts)
     if Path(cfg.task.name).suffix == ".jsonl":
         return load_jsonl(cfg.task.name, required={"prompt": str})
     raise ValueError(f"task.name={cfg.task.name!r}: expected 'reverse' (built in) or a .jsonl file of rows")
@@ -50,17 +58,24 @@ def _import_engine(_actor: Any) -> None:
 class _EngineFactory:
     """Picklable recipe for a replica's engine, built inside the replica's process."""
 
-    def __init__(self, model_path: str, cfg: Config) -> None:
-        self.model_path, self.cfg = model_path, cfg
+    def __init__(self, model_path: str, cfg: Config, version: int = 0) -> None:
+        self.model_path, self.cfg, self.version = model_path, cfg, version
 
     def __call__(self) -> Any:
         from laminar.engine import Engine
 
         r, cuda = self.cfg.rollout, use_cuda(self.cfg)
         dtype = torch.bfloat16 if cuda or self.cfg.model.dtype == "bfloat16" else torch.float32
-        return Engine.from_pretrained(self.model_path, device="cuda" if cuda else "cpu", dtype=dtype,
-                                      max_num_seqs=r.max_num_seqs, num_kv_blocks=r.kv_blocks,
-                                      block_size=r.block_size, use_cuda_graphs=cuda)
+        return Engine.from_pretrained(
+            self.model_path,
+            device="cuda" if cuda else "cpu",
+            dtype=dtype,
+            max_num_seqs=r.max_num_seqs,
+            num_kv_blocks=r.kv_blocks,
+            block_size=r.block_size,
+            use_cuda_graphs=cuda,
+            version=self.version,
+        )
 
 
 class _ScorerFactory:
@@ -93,10 +108,15 @@ class Runtime:
     duplicated: int = 0
     version: int = 0
     publish_times: dict[int, float] = field(default_factory=dict)
+    engine_path: str = ""
+    restarted_on_resume: int = 0
 
     # ---- start ---------------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, cfg: Config, model_path: str, recorder: Recorder, dispatch: Dispatch) -> Runtime:
+    def start(
+        cls, cfg: Config, model_path: str, recorder: Recorder, dispatch: Dispatch, resume: Path | None = None
+    ) -> Runtime:
+        """Start every part; with `resume`, restore a checkpoint before any replica asks for work."""
         from laminar.data.tasks import TaskCodec
         from laminar.trainer.grpo import GRPOConfig
         from laminar.trainer.trainer import TrainerConfig as PlainTrainerConfig
@@ -104,35 +124,63 @@ class Runtime:
         rt = cls(cfg, model_path, recorder)
         t, r, cuda = cfg.trainer, cfg.rollout, use_cuda(cfg)
         codec = TaskCodec.from_dir(model_path)
-        rt.prompt_pool = PromptPoolActor.remote(dataset_rows(cfg), codec.encode_prompt, t.group_size,
-                                                seed=cfg.run.seed)
+        rt.prompt_pool = PromptPoolActor.remote(
+            dataset_rows(cfg), codec.encode_prompt, t.group_size, seed=cfg.run.seed
+        )
         rt.partial_pool = PartialPoolActor.remote()
         rt.manager = ray.remote(num_cpus=0)(RolloutManager).remote(rt.prompt_pool, dispatch, recorder.t0)
-        rt.buffer = BufferActor.remote(t.group_size, cfg.buffer.capacity_groups * t.group_size,
-                                       None if cfg.buffer.max_staleness < 0 else cfg.buffer.max_staleness,
-                                       rt.prompt_pool, rt.manager)
-        grpo = GRPOConfig(clip_low=t.clip_low, clip_high=t.clip_high, temperature=max(r.temperature, 1e-6),
-                          proximal="behaviour" if t.correction == "none" else "trainer",
-                          is_correction=t.correction, is_cap=t.is_cap)
-        plain = PlainTrainerConfig(model_path=model_path, lr=t.lr, weight_decay=t.weight_decay,
-                                   grad_clip=t.max_grad_norm, micro_batch_size=t.micro_batch, seed=cfg.run.seed,
-                                   threads=max(1, int(t.num_cpus)), grpo=grpo)
+        rt.buffer = BufferActor.remote(
+            t.group_size,
+            cfg.buffer.capacity_groups * t.group_size,
+            None if cfg.buffer.max_staleness < 0 else cfg.buffer.max_staleness,
+            rt.prompt_pool,
+            rt.manager,
+        )
+        grpo = GRPOConfig(
+            clip_low=t.clip_low,
+            clip_high=t.clip_high,
+            temperature=max(r.temperature, 1e-6),
+            proximal="behaviour" if t.correction == "none" else "trainer",
+            is_correction=t.correction,
+            is_cap=t.is_cap,
+        )
+        plain = PlainTrainerConfig(
+            model_path=model_path,
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            grad_clip=t.max_grad_norm,
+            micro_batch_size=t.micro_batch,
+            seed=cfg.run.seed,
+            threads=max(1, int(t.num_cpus)),
+            grpo=grpo,
+            device="cuda" if cuda else "cpu",
+            publish_dtype="bfloat16" if cuda or cfg.model.dtype == "bfloat16" else "",
+        )
         rt.trainer = TrainerActor.options(num_cpus=t.num_cpus, num_gpus=t.num_gpus if cuda else 0).remote(
-            plain, cfg.relay.slots)
+            plain, cfg.relay.slots
+        )
         trainer_node = ray.get(rt.trainer.node_id.remote(), timeout=cfg.run.timeout_s)
         chunk = int(cfg.relay.chunk_mb * (1 << 20))
         master = relay_on_node(trainer_node, "relay-master", num_slots=cfg.relay.slots, chunk_bytes=chunk)
         ray.get(rt.trainer.attach_master.remote(master), timeout=cfg.run.timeout_s)
+        if resume is not None:
+            rt.restore(resume)
+            rt.engine_path = str(resume)  # the replicas start from the checkpoint's weights, at its version
 
-        sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
-                    "max_new_tokens": r.max_new_tokens}
+        sampling = {
+            "temperature": r.temperature,
+            "top_p": r.top_p,
+            "top_k": r.top_k,
+            "max_new_tokens": r.max_new_tokens,
+        }
         spec = rt.replica_spec(sampling)
         for i in range(r.replicas):
             rt.replicas[i] = rt._new_replica(i, spec)
         nodes = ray.get([a.node_id.remote() for a in rt.replicas.values()], timeout=cfg.run.timeout_s)
         for node in dict.fromkeys(nodes):  # one relay per node that hosts rollouts, in first-seen order
-            rt.relay_of_node[node] = relay_on_node(node, f"relay-{len(rt.relay_of_node)}",
-                                                   num_slots=cfg.relay.slots, chunk_bytes=chunk)
+            rt.relay_of_node[node] = relay_on_node(
+                node, f"relay-{len(rt.relay_of_node)}", num_slots=cfg.relay.slots, chunk_bytes=chunk
+            )
         rt.relays = [master, *rt.relay_of_node.values()]
         # Layouts are engine objects: import the engine in every relay now, not during the first publish.
         ray.get([r.__ray_call__.remote(_import_engine) for r in rt.relays], timeout=cfg.run.timeout_s)
@@ -141,13 +189,28 @@ class Runtime:
             ray.get(actor.start.remote(rt.relay_of_node[node]), timeout=cfg.run.timeout_s)
         repack = None
         if cfg.repack.enabled and cfg.schedule.name == "laminar":
-            repack = {"interval_s": cfg.repack.interval_s, "batch_limit_b": cfg.repack.batch_limit_b,
-                      "kv_capacity": cfg.repack.kv_capacity}
-        ray.get(rt.manager.configure.remote(
-            rt.replicas, partial_pool=rt.partial_pool, sampling=sampling, run_seed=cfg.run.seed, repack=repack,
-            replica_spec=spec, relays=rt.relays, relay_of_node=rt.relay_of_node,
-            node_of_replica=dict(zip(rt.replicas, nodes)), heartbeat_s=r.heartbeat_s, dead_after_s=r.dead_after_s,
-            timeout_s=cfg.run.timeout_s), timeout=cfg.run.timeout_s)
+            repack = {
+                "interval_s": cfg.repack.interval_s,
+                "batch_limit_b": cfg.repack.batch_limit_b,
+                "kv_capacity": cfg.repack.kv_capacity,
+            }
+        ray.get(
+            rt.manager.configure.remote(
+                rt.replicas,
+                partial_pool=rt.partial_pool,
+                sampling=sampling,
+                run_seed=cfg.run.seed,
+                repack=repack,
+                replica_spec=spec,
+                relays=rt.relays,
+                relay_of_node=rt.relay_of_node,
+                node_of_replica=dict(zip(rt.replicas, nodes)),
+                heartbeat_s=r.heartbeat_s,
+                dead_after_s=r.dead_after_s,
+                timeout_s=cfg.run.timeout_s,
+            ),
+            timeout=cfg.run.timeout_s,
+        )
         ray.get(rt.manager.start_background.remote(), timeout=cfg.run.timeout_s)
         return rt
 
@@ -156,23 +219,36 @@ class Runtime:
         cfg, r = self.cfg, self.cfg.rollout
         return {
             "options": {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus if use_cuda(cfg) else 0},
-            "args": (_EngineFactory(self.model_path, cfg),
-                     _ScorerFactory(self.model_path, cfg.task.reward, cfg.task.name)),
-            "kwargs": {"manager": self.manager, "partial_pool": self.partial_pool, "buffer": self.buffer,
-                       "sampling": sampling, "run_seed": cfg.run.seed, "progress_every": r.progress_every,
-                       "heartbeat_s": r.heartbeat_s, "timeout_s": cfg.run.timeout_s,
-                       "interrupt_on_update": cfg.schedule.name == "partial"},
+            "args": (
+                _EngineFactory(self.engine_path or self.model_path, cfg, self.version),
+                _ScorerFactory(self.model_path, cfg.task.reward, cfg.task.name),
+            ),
+            "kwargs": {
+                "manager": self.manager,
+                "partial_pool": self.partial_pool,
+                "buffer": self.buffer,
+                "sampling": sampling,
+                "run_seed": cfg.run.seed,
+                "progress_every": r.progress_every,
+                "heartbeat_s": r.heartbeat_s,
+                "timeout_s": cfg.run.timeout_s,
+                "interrupt_on_update": cfg.schedule.name == "partial",
+            },
         }
 
     def _new_replica(self, i: int, spec: dict[str, Any]) -> Any:
         return ReplicaActor.options(**spec["options"]).remote(i, *spec["args"], **spec["kwargs"])
 
     # ---- the operations schedules are made of --------------------------------------------------------------
-    def take(self, count: int, group_ids: range | None = None, oldest_first: bool = False) -> list[list[Trajectory]]:
+    def take(
+        self, count: int, group_ids: range | None = None, oldest_first: bool = False
+    ) -> list[list[Trajectory]]:
         """Complete groups from the experience buffer, waiting for them with the run's timeout: FIFO by
         completion, or exactly `group_ids` (a whole batch), or oldest version first (bounded staleness)."""
         ids = None if group_ids is None else list(group_ids)
-        return ray.get(self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids, oldest_first))
+        return ray.get(
+            self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids, oldest_first)
+        )
 
     def train(self, groups: list[list[Trajectory]], push: bool = False) -> dict[str, Any]:
         """One trainer step plus its publish; logs the step and tells the manager. `push` makes the publish a
@@ -182,19 +258,42 @@ class Runtime:
         self.publish_times[self.version] = m["t_publish"]
         if push:
             t = time.time()
-            ray.get([r.wait_version.remote(self.version, self.cfg.run.timeout_s) for r in self.relays[1:]],
-                    timeout=self.cfg.run.timeout_s)
+            ray.get(
+                [r.wait_version.remote(self.version, self.cfg.run.timeout_s) for r in self.relays[1:]],
+                timeout=self.cfg.run.timeout_s,
+            )
             m["stall_s"] += time.time() - t
         for tid in m.pop("traj_ids"):
             if tid in self.trained_ids:
                 self.duplicated += 1
             self.trained_ids.add(tid)
         self.manager.trainer_update.remote(self.version, len(groups))
+        if self.cfg.run.save_trajectories:
+            self._save_trajectories(groups)
         rec = self.recorder
         rec.log("publish", t=m["t_publish"], version=self.version, stall_s=m["stall_s"])
-        rec.log("step", step=self.version, **{k: v for k, v in m.items() if k not in ("t_start", "t_publish")})
+        rec.log(
+            "step", step=self.version, **{k: v for k, v in m.items() if k not in ("t_start", "t_publish")}
+        )
         self.collect()
         return m
+
+    def _save_trajectories(self, groups: list[list[Trajectory]]) -> None:
+        """What was trained, as data: `trajectories.jsonl` in the run folder (one line per trajectory)."""
+        with open(self.recorder.out_dir / "trajectories.jsonl", "a") as f:
+            for t in (t for g in groups for t in g):
+                row = {
+                    "traj_id": t.traj_id,
+                    "group_id": t.group_id,
+                    "version": t.version,
+                    "trained_at": self.version,
+                    "replica": t.replica,
+                    "reward": t.reward,
+                    "finish_reason": t.finish_reason,
+                    "prompt_ids": t.prompt_ids,
+                    "response_ids": t.response_ids,
+                }
+                f.write(json.dumps(row) + "\n")
 
     def collect(self) -> None:
         """Pull the manager's replica timeline and events into the run log."""
@@ -224,6 +323,46 @@ class Runtime:
         inflight = ray.get(self.partial_pool.stats.remote(), timeout=self.cfg.run.timeout_s)
         return {"buffer": buf, "partial": inflight, **report}
 
+    def checkpoint(self, path: Path) -> None:
+        """Trainer state, then the prompt pool, the in-flight frontier and the buffer, in that order: a group
+        issued or a trajectory finished between two snapshots is then regenerated on resume and deduplicated
+        by the buffer, never lost. Written beside `path` and swapped in, so a crash never leaves half of one."""
+        tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+        shutil.rmtree(tmp, ignore_errors=True)
+        t = self.cfg.run.timeout_s
+        ray.get(self.trainer.save_checkpoint.remote(str(tmp)), timeout=t * 5)
+        state = {
+            "version": self.version,
+            "prompt_pool": ray.get(self.prompt_pool.state_dict.remote(), timeout=t),
+            "partial_pool": ray.get(self.partial_pool.snapshot.remote(), timeout=t),
+            "buffer": ray.get(self.buffer.state_dict.remote(), timeout=t),
+            "trained_ids": sorted(self.trained_ids),
+        }
+        (tmp / "runtime_state.pkl").write_bytes(pickle.dumps(state))
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def restore(self, path: Path) -> None:
+        state_file = path / "runtime_state.pkl"
+        if not state_file.is_file():
+            raise FileNotFoundError(
+                f"{path} holds no runtime_state.pkl: not a Laminar run checkpoint (expected "
+                "RUN_DIR/checkpoint written by `laminar train`)"
+            )
+        t = self.cfg.run.timeout_s
+        self.version = ray.get(self.trainer.load_checkpoint.remote(str(path)), timeout=t * 5)
+        state = pickle.loads(state_file.read_bytes())
+        ray.get(self.prompt_pool.load_state_dict.remote(state["prompt_pool"]), timeout=t)
+        ray.get(self.buffer.load_state_dict.remote(state["buffer"]), timeout=t)
+        # In-flight work was generated by versions whose weights are gone: its groups are issued again, and
+        # the buffer keeps the samples it already has (it ignores a trajectory id it has seen).
+        self.restarted_on_resume = len(state["partial_pool"]["entries"])
+        ray.get(self.prompt_pool.reissue_outstanding.remote(), timeout=t)
+        self.trained_ids = set(state["trained_ids"])
+        ray.get(self.manager.trainer_update.remote(self.version, 0), timeout=t)
+
     def shutdown(self) -> None:
         """Free every actor and the relays' shared memory (a process may run several runtimes in a row)."""
         for relay in self.relays:
@@ -231,8 +370,15 @@ class Runtime:
                 ray.get(relay.shutdown.remote(), timeout=10)
             except ray.exceptions.RayError:
                 pass  # already dead; its node's /dev/shm is swept by the next relay there
-        actors = [self.trainer, self.manager, self.buffer, self.prompt_pool, self.partial_pool,
-                  *self.relays, *self.replicas.values()]
+        actors = [
+            self.trainer,
+            self.manager,
+            self.buffer,
+            self.prompt_pool,
+            self.partial_pool,
+            *self.relays,
+            *self.replicas.values(),
+        ]
         for actor in actors:
             if actor is not None:
                 ray.kill(actor)

@@ -34,10 +34,28 @@ VARIANTS = [
 ]
 
 CPU_DEFAULTS = [
-    "task.name=lengths", "task.length_median=10", "task.length_p99_ratio=10", "rollout.max_new_tokens=96",
-    "rollout.replicas=3", "rollout.groups_per_batch=2", "trainer.groups_per_step=4", "trainer.group_size=4",
-    "trainer.steps=10", "trainer.warmup_steps=2", "buffer.capacity_groups=12", "schedule.staleness=2",
+    "task.name=lengths",
+    "task.length_median=10",
+    "task.length_p99_ratio=10",
+    "rollout.max_new_tokens=96",
+    "rollout.replicas=3",
+    "rollout.groups_per_batch=2",
+    "trainer.groups_per_step=4",
+    "trainer.group_size=4",
+    "trainer.steps=10",
+    "trainer.warmup_steps=2",
+    "buffer.capacity_groups=12",
+    "schedule.staleness=2",
 ]
+
+
+def card() -> str:
+    """What ran the numbers: the GPUs if any, else the processor."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return f"CPU ({platform.processor() or platform.machine()})"
 
 
 def utilisation(records: list[dict[str, Any]], wall: float) -> dict[str, float]:
@@ -56,10 +74,12 @@ def utilisation(records: list[dict[str, Any]], wall: float) -> dict[str, float]:
     return {"busy": round(busy, 4), "mean_running": round(mean_running, 2)}
 
 
-def run_variant(label: str, schedule: str, overrides: list[str], out: Path) -> dict[str, Any]:
+def run_variant(
+    label: str, schedule: str, overrides: list[str], out: Path, config: str | None = None
+) -> dict[str, Any]:
     from laminar.train import train
 
-    cfg = load_config(None, [*overrides, f"schedule.name={schedule}", f"run.out={out / label}"])
+    cfg = load_config(config, [*overrides, f"schedule.name={schedule}", f"run.out={out / label}"])
     t = time.time()
     summary = train(cfg, out / label, quiet=True)
     records = [json.loads(line) for line in (out / label / "metrics.jsonl").read_text().splitlines()]
@@ -71,8 +91,11 @@ def run_variant(label: str, schedule: str, overrides: list[str], out: Path) -> d
     summary["timeline"] = [
         {k: r[k] for k in ("t", "replica", "running", "version")} for r in records if r["kind"] == "replica"
     ]
-    print(f"{label:>20}: train {summary['train_tokens_per_s']:8.1f} tok/s  gen {summary['gen_tokens_per_s']:8.1f}"
-          f" tok/s  staleness p99 {summary['staleness']['p99']:.0f}  ({time.time() - t:.0f}s)", flush=True)
+    print(
+        f"{label:>20}: train {summary['train_tokens_per_s']:8.1f} tok/s  gen {summary['gen_tokens_per_s']:8.1f}"
+        f" tok/s  staleness p99 {summary['staleness']['p99']:.0f}  ({time.time() - t:.0f}s)",
+        flush=True,
+    )
     return summary
 
 
@@ -118,8 +141,14 @@ def plot(results: list[dict[str, Any]], out: Path) -> None:
             by_rep[row["replica"]].append(row)
         for rep, rows in sorted(by_rep.items()):
             for a, b in zip(rows, rows[1:]):
-                ax.barh(rep, b["t"] - a["t"], left=a["t"], color="tab:green" if a["running"] else "lightgrey",
-                        height=0.8, linewidth=0)
+                ax.barh(
+                    rep,
+                    b["t"] - a["t"],
+                    left=a["t"],
+                    color="tab:green" if a["running"] else "lightgrey",
+                    height=0.8,
+                    linewidth=0,
+                )
         ax.set_ylabel(r["label"], rotation=0, ha="right", fontsize=8)
         ax.set_yticks([])
     axes[-1, 0].set_xlabel("wall time (s); green = decoding, grey = idle")
@@ -140,8 +169,14 @@ def plot(results: list[dict[str, Any]], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="laminar bench schedules", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="laminar bench schedules",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--config", default=None, help="YAML config for every schedule (default: the CPU workload)"
+    )
     ap.add_argument("--out", default="results/schedules-cpu")
     ap.add_argument("--only", default="", help="comma-separated labels to run (default: all)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides applied to every schedule")
@@ -149,13 +184,22 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     chosen = [v for v in VARIANTS if not args.only or v[0] in args.only.split(",")]
-    overrides = [*CPU_DEFAULTS, *args.overrides]
-    results = [run_variant(label, sched, [*overrides, *extra], out) for label, sched, extra in chosen]
+    overrides = list(args.overrides) if args.config else [*CPU_DEFAULTS, *args.overrides]
+    results = [
+        run_variant(label, sched, [*overrides, *extra], out, args.config) for label, sched, extra in chosen
+    ]
     slim = [{k: v for k, v in r.items() if k not in ("timeline", "staleness_values")} for r in results]
-    meta = {"machine": platform.node(), "processor": platform.processor() or platform.machine(),
-            "overrides": overrides, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    meta = {
+        "machine": platform.node(),
+        "processor": platform.processor() or platform.machine(),
+        "card": card(),
+        "config": args.config,
+        "overrides": overrides,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     (out / "schedules.json").write_text(json.dumps({"meta": meta, "results": slim}, indent=2))
-    md = f"# Schedules on one workload\n\n`laminar bench schedules {' '.join(args.overrides)}`, {meta['when']}\n\n"
+    cmd = " ".join([*(["--config", args.config] if args.config else []), *args.overrides])
+    md = f"# Schedules on one workload\n\n`laminar bench schedules {cmd}`, {meta['when']}, on {meta['card']}\n\n"
     (out / "schedules.md").write_text(md + table(results) + "\n")
     plot(results, out)
     print(table(results))

@@ -20,4 +20,6 @@ def dispatch(cfg: Config) -> Dispatch:
 def run(rt: Runtime, steps: int, on_step) -> None:
     for _ in range(steps):
         groups = rt.take(rt.cfg.trainer.groups_per_step)
-        on_step(rt.train(groups, push=rt.cfg.schedule.global_push))  # global_push: the ablation without relays
+        on_step(
+            rt.train(groups, push=rt.cfg.schedule.global_push)
+        )  # global_push: the ablation without relays

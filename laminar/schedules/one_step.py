@@ -13,12 +13,14 @@ from laminar.schedules.sync import SyncDispatch
 
 def dispatch(cfg: Config) -> Dispatch:
     per_replica = math.ceil(cfg.trainer.groups_per_step / cfg.rollout.replicas)
-    return SyncDispatch(per_replica, cfg.buffer.capacity_groups, groups_per_step=cfg.trainer.groups_per_step,
-                        ahead=1)
+    return SyncDispatch(
+        per_replica, cfg.buffer.capacity_groups, groups_per_step=cfg.trainer.groups_per_step, ahead=1
+    )
 
 
 def run(rt: Runtime, steps: int, on_step) -> None:
     g = rt.cfg.trainer.groups_per_step
-    for v in range(steps):
+    for _ in range(steps):
+        v = rt.version
         groups = rt.take(g, group_ids=range(v * g, (v + 1) * g))
         on_step(rt.train(groups, push=True))

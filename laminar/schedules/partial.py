@@ -13,8 +13,12 @@ INTERRUPTS = True  # replicas check their relay between engine steps and resume 
 
 
 def dispatch(cfg: Config) -> Dispatch:
-    return BoundedDispatch(cfg.rollout.groups_per_batch, cfg.buffer.capacity_groups,
-                           groups_per_step=cfg.trainer.groups_per_step, staleness=cfg.schedule.staleness)
+    return BoundedDispatch(
+        cfg.rollout.groups_per_batch,
+        cfg.buffer.capacity_groups,
+        groups_per_step=cfg.trainer.groups_per_step,
+        staleness=cfg.schedule.staleness,
+    )
 
 
 def run(rt: Runtime, steps: int, on_step) -> None:

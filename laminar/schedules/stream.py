@@ -27,8 +27,12 @@ class BoundedDispatch(Dispatch):
 
 
 def dispatch(cfg: Config) -> Dispatch:
-    return BoundedDispatch(cfg.rollout.groups_per_batch, cfg.buffer.capacity_groups,
-                           groups_per_step=cfg.trainer.groups_per_step, staleness=cfg.schedule.staleness)
+    return BoundedDispatch(
+        cfg.rollout.groups_per_batch,
+        cfg.buffer.capacity_groups,
+        groups_per_step=cfg.trainer.groups_per_step,
+        staleness=cfg.schedule.staleness,
+    )
 
 
 def run(rt: Runtime, steps: int, on_step) -> None:

@@ -30,6 +30,7 @@ def dispatch(cfg: Config) -> Dispatch:
 
 def run(rt: Runtime, steps: int, on_step) -> None:
     g = rt.cfg.trainer.groups_per_step
-    for v in range(steps):
+    for _ in range(steps):
+        v = rt.version
         groups = rt.take(g, group_ids=range(v * g, (v + 1) * g))  # batch v, whole
         on_step(rt.train(groups, push=True))

@@ -23,8 +23,15 @@ def moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
-def summarize(records: list[dict[str, Any]], *, schedule: str, wall_s: float, warmup_steps: int,
-              trajectories: dict[str, int], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarize(
+    records: list[dict[str, Any]],
+    *,
+    schedule: str,
+    wall_s: float,
+    warmup_steps: int,
+    trajectories: dict[str, int],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     steps = [r for r in records if r["kind"] == "step"]
     publishes = [r for r in records if r["kind"] == "publish"]
     pulls = [r for r in records if r["kind"] == "pull"]
@@ -66,7 +73,9 @@ def summarize(records: list[dict[str, Any]], *, schedule: str, wall_s: float, wa
         },
         "publishes": len(publishes),
         "actor_stall_s": _stats([r["stall_s"] for r in publishes]),
-        "relay_propagation_s": _stats([r["propagation_s"] for r in publishes if r.get("propagation_s") is not None]),
+        "relay_propagation_s": _stats(
+            [r["propagation_s"] for r in publishes if r.get("propagation_s") is not None]
+        ),
         "pulls": len(pulls),
         "pull_s": _stats([r["seconds"] for r in pulls]),
         "reward_window": window,

@@ -14,12 +14,27 @@ pytestmark = pytest.mark.slow
 
 
 def tiny_run_config(model_dir, out, *extra):
-    return load_config(None, [
-        f"model.path={model_dir}", f"run.out={out}", "trainer.steps=4", "trainer.groups_per_step=2",
-        "trainer.group_size=4", "rollout.replicas=3", "rollout.groups_per_batch=1", "rollout.max_new_tokens=12",
-        "rollout.kv_blocks=64", "rollout.max_num_seqs=16", "rollout.num_cpus=1", "trainer.num_cpus=1",
-        "buffer.capacity_groups=6", "run.timeout_s=90", "trainer.warmup_steps=0", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            f"run.out={out}",
+            "trainer.steps=4",
+            "trainer.groups_per_step=2",
+            "trainer.group_size=4",
+            "rollout.replicas=3",
+            "rollout.groups_per_batch=1",
+            "rollout.max_new_tokens=12",
+            "rollout.kv_blocks=64",
+            "rollout.max_num_seqs=16",
+            "rollout.num_cpus=1",
+            "trainer.num_cpus=1",
+            "buffer.capacity_groups=6",
+            "run.timeout_s=90",
+            "trainer.warmup_steps=0",
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +47,34 @@ def laminar_run(ray_cluster, tiny_model_dir, tmp_path_factory):
 
 def test_run_folder_has_everything(laminar_run):
     out, summary, _ = laminar_run
-    for name in ("config.yaml", "metrics.jsonl", "summary.json", "reward.png", "throughput.png", "staleness.png",
-                 "replicas.png", "checkpoint/config.json", "checkpoint/trainer_state.pt"):
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+        "reward.png",
+        "throughput.png",
+        "staleness.png",
+        "replicas.png",
+        "checkpoint/config.json",
+        "checkpoint/trainer_state.pt",
+    ):
         assert (out / name).exists(), name
-    for key in ("schedule", "wall_s", "trainer_steps", "trained_tokens", "train_tokens_per_s", "gen_tokens_per_s",
-                "reward_start", "reward_end", "staleness", "publishes", "actor_stall_s", "relay_propagation_s",
-                "pulls", "trajectories"):
+    for key in (
+        "schedule",
+        "wall_s",
+        "trainer_steps",
+        "trained_tokens",
+        "train_tokens_per_s",
+        "gen_tokens_per_s",
+        "reward_start",
+        "reward_end",
+        "staleness",
+        "publishes",
+        "actor_stall_s",
+        "relay_propagation_s",
+        "pulls",
+        "trajectories",
+    ):
         assert key in summary, key
     assert summary["trainer_steps"] == 4 and summary["publishes"] == 4
 

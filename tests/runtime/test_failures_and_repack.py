@@ -1,0 +1,183 @@
+"""Issue 4 on tiny models: repack moves trajectories without changing them; a killed replica process or relay
+costs nothing; a run stopped hard and resumed trains every prompt once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import ray
+
+from laminar.config import load_config
+from laminar.engine import Engine, SamplingParams
+from laminar.rollout.replica import sample_seed
+from laminar.train import train
+
+pytestmark = pytest.mark.slow
+
+BASE = [
+    "trainer.group_size=4",
+    "rollout.replicas=3",
+    "rollout.kv_blocks=64",
+    "rollout.max_num_seqs=16",
+    "rollout.num_cpus=1",
+    "trainer.num_cpus=1",
+    "run.timeout_s=120",
+    "trainer.warmup_steps=0",
+    "rollout.heartbeat_s=0.5",
+    "rollout.dead_after_s=10",
+]
+
+
+def records_of(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster, tiny_model_dir, tmp_path):
+    # lr ~ 0 keeps every version's weights equal, so any trajectory can be replayed on one fresh engine.
+    cfg = load_config(
+        None,
+        [
+            *BASE,
+            f"model.path={tiny_model_dir}",
+            "task.name=lengths",
+            "task.length_median=6",
+            "rollout.max_new_tokens=48",
+            "trainer.steps=6",
+            "trainer.groups_per_step=2",
+            "rollout.groups_per_batch=2",
+            "buffer.capacity_groups=8",
+            "trainer.lr=1e-12",
+            "repack.interval_s=0.05",
+            "repack.batch_limit_b=16",
+            "rollout.progress_every=2",
+        ],
+    )
+    summary = train(cfg, tmp_path, quiet=True)
+    moved = {tid for r in records_of(tmp_path) if r["kind"] == "repack" for tid in r["ids"]}
+    assert summary["repacks"]["moved"] == len(moved) > 0, summary["repacks"]
+    trained = {}
+    for r in records_of(tmp_path):
+        if r["kind"] == "step":
+            trained.update(r["traj_versions"])
+    replayed = [tid for tid in moved if tid in trained]
+    assert replayed, "no moved trajectory was trained"
+    trajs = {}
+    for line in (tmp_path / "trajectories.jsonl").read_text().splitlines():
+        t = json.loads(line)
+        trajs[t["traj_id"]] = t
+    engine = Engine.from_pretrained(tiny_model_dir, max_num_seqs=16, num_kv_blocks=64)
+    for tid in replayed:
+        t = trajs[tid]  # the lengths workload fixes each response's length and ignores end-of-sequence
+        params = SamplingParams(
+            seed=sample_seed(cfg.run.seed, tid),
+            temperature=cfg.rollout.temperature,
+            max_new_tokens=len(t["response_ids"]),
+            ignore_eos=True,
+        )
+        engine.add_request(tid, t["prompt_ids"], params)
+    out = {}
+    while engine.has_unfinished():
+        for fin in engine.step().finished:
+            out[fin.request_id] = fin.output_token_ids
+    for tid in replayed:
+        assert out[tid] == trajs[tid]["response_ids"], tid
+
+
+def _kill_process(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_replica_process_and_a_killed_relay_lose_nothing(ray_cluster, tiny_model_dir, tmp_path):
+    killed = {}
+
+    def hook(rt, m):
+        if m["version"] == 2 and "replica" not in killed:
+            victim = sorted(rt.replicas)[0]
+            killed["replica"] = ray.get(rt.replicas[victim].pid.remote())
+            _kill_process(killed["replica"])
+        if m["version"] == 4 and "relay" not in killed:
+            killed["relay"] = ray.get(rt.relays[-1].ping.remote())["pid"]  # a node relay, not the master
+            _kill_process(killed["relay"])
+
+    cfg = load_config(
+        None,
+        [
+            *BASE,
+            f"model.path={tiny_model_dir}",
+            "rollout.max_new_tokens=24",
+            "trainer.steps=8",
+            "trainer.groups_per_step=2",
+            "rollout.groups_per_batch=1",
+            "buffer.capacity_groups=6",
+        ],
+    )
+    summary = train(cfg, tmp_path, quiet=True, hook=hook)
+    assert set(killed) == {"replica", "relay"}
+    f, t = summary["failures"], summary["trajectories"]
+    assert f["rollouts"] >= 1 and f["relays"] >= 1, f
+    assert t["lost"] == 0 and t["duplicated"] == 0, t
+    assert summary["trainer_steps"] == 8
+    steps = [r for r in records_of(tmp_path) if r["kind"] == "step"]
+    assert steps[-1]["version"] == 8
+
+
+def test_a_run_stopped_hard_and_resumed_trains_every_prompt_once(ray_cluster, tiny_model_dir, tmp_path):
+    args = [
+        f"model.path={tiny_model_dir}",
+        "rollout.max_new_tokens=16",
+        "trainer.groups_per_step=2",
+        "rollout.groups_per_batch=1",
+        "buffer.capacity_groups=6",
+        "trainer.checkpoint_every=2",
+        *BASE,
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "laminar.cli",
+        "train",
+        *args,
+        "trainer.steps=40",
+        f"run.ray_address={ray_cluster.address}",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            done = (
+                [r for r in records_of(tmp_path) if r["kind"] == "step"]
+                if (tmp_path / "metrics.jsonl").exists()
+                else []
+            )
+            if len(done) >= 3 and (tmp_path / "checkpoint" / "runtime_state.pkl").exists():
+                break
+            assert proc.poll() is None, "the first run ended early"
+            time.sleep(0.2)
+        else:
+            pytest.fail("the first run made no checkpoint in time")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    import pickle
+
+    state = pickle.loads((tmp_path / "checkpoint" / "runtime_state.pkl").read_bytes())
+    before = set(state["trained_ids"])
+    at = state["version"]
+    cfg = load_config(tmp_path / "config.yaml", ["trainer.steps=6", "run.ray_address="])
+    summary = train(cfg, tmp_path, quiet=True, resume=True)
+    after_steps = [r for r in records_of(tmp_path) if r["kind"] == "step" and r["t"] >= 0][-(6 - at) :]
+    after = [tid for r in after_steps for tid in r["traj_versions"]]
+    assert len(after) == len(set(after)) == (6 - at) * 2 * 4
+    assert not before & set(after), "a trajectory trained before the stop was trained again"
+    groups = [tid.split(":")[0] for tid in [*before, *after]]
+    assert len(set(groups)) == 6 * 2, "every step trains groups no other step trained"
+    assert summary["trajectories"]["duplicated"] == 0
