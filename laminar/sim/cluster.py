@@ -125,10 +125,16 @@ class Cluster:
             self.at(failure.time_s, lambda m, now: schedule.on_failure(m), failure.machine)
         schedule.start()
         events, steps, limit = self._events, self.cfg.steps, self.cfg.max_sim_time_s
+        same = 0
         while events and self.version < steps:
             t, _, fn, arg = heapq.heappop(events)
             if t > limit:
                 raise RuntimeError(f"simulated time passed max_sim_time_s={limit} at version {self.version}")
+            same = same + 1 if t == self.now else 0
+            if same > 1_000_000:
+                raise RuntimeError(
+                    f"{self.cfg.schedule}: a million events at t={t:.3f} s without time passing"
+                )
             self.now = t
             fn(arg, t)
         if self.version < steps:
@@ -143,7 +149,9 @@ class Cluster:
         prompt, lengths = self.lengths.group(self.next_gid)
         group = Group(self.next_gid, version, pending=len(lengths))
         self.next_gid += 1
+        max_len = self.replicas[0].kv_capacity - 1  # max_model_len: one request must fit a replica
         for length in lengths:
+            length = min(length, max_len - prompt)
             group.trajs.append(Traj(self._next_tid, group, prompt, length, version, t_start=self.now))
             self._next_tid += 1
         self.unconsumed[version] += 1

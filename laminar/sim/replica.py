@@ -176,7 +176,7 @@ class Replica:
                 traj.generated = traj.target
                 traj.t_end = now
                 self._on_finish(traj, self)
-        while self.running and self.kv_used > self.kv_capacity + 1e-6:
+        while self.running and self.kv_used >= self.kv_capacity - 1e-3:  # full: preempt, never spin
             newest = next(reversed(self.running))
             self.take(newest)
             self.waiting.appendleft(newest)

@@ -155,3 +155,10 @@ def test_calibration_fits_decode_constants(tmp_path) -> None:
     assert fitted.step_overhead_s == pytest.approx(2e-4, rel=1e-6)
     (tmp_path / "engine-cpu.json").write_text(json.dumps({"device": "cpu", "runs": []}))
     assert from_engine_bench(tmp_path / "engine-cpu.json", CostModel())[0] == CostModel()
+
+
+def test_kv_pressure_preempts_and_still_finishes() -> None:
+    tight = dataclasses.replace(CostModel(), gpu_memory=1.2e9)  # 0.5B leaves room for ~8K tokens of KV
+    summary, cluster = simulate(SMALL.with_(schedule="laminar", cost=tight), audit=True)
+    assert summary["preemptions"] > 0
+    assert all(r.kv_used <= cluster.cost.kv_capacity_tokens(cluster.spec) + 1 for r in cluster.replicas)
