@@ -76,6 +76,8 @@ class TaskCodec:
         """Text up to (not including) EOS; special tokens dropped."""
         if self.eos_id in ids:
             ids = ids[: ids.index(self.eos_id)]
+        n = self.vocab_size
+        ids = [i for i in ids if 0 <= i < n]  # a random or larger model emits any id
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     @property

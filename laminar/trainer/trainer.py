@@ -30,6 +30,8 @@ class TrainerConfig:
     mini_batches: int = 1  # optimizer updates per train_step (version still counts train_steps)
     seed: int = 0
     threads: int = 1
+    device: str = "cpu"  # cpu | cuda (fp32 master weights; bf16 autocast on CUDA)
+    publish_dtype: str = ""  # dtype of the published weights; empty = the parameters' (float32)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
     def __post_init__(self) -> None:
@@ -38,6 +40,10 @@ class TrainerConfig:
         for name in ("lr", "micro_batch_size", "mini_batches", "threads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"trainer.{name}={getattr(self, name)}: must be > 0")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"trainer.device={self.device!r}: must be cpu, cuda or cuda:N")
+        if self.publish_dtype not in ("", "float32", "bfloat16"):
+            raise ValueError(f"trainer.publish_dtype={self.publish_dtype!r}: must be '', float32 or bfloat16")
 
 
 class ModelPathError(FileNotFoundError):
@@ -80,13 +86,18 @@ class Trainer:
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
-        self.model = (model if model is not None else load_policy(cfg.model_path)).float().train()
+        self.device = torch.device(cfg.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"trainer.device={cfg.device!r}, but CUDA is not available here")
+        self.model = (
+            (model if model is not None else load_policy(cfg.model_path)).float().to(self.device).train()
+        )
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
         self.ref_model = None
         if cfg.grpo.kl_coef > 0:
-            self.ref_model = type(self.model)(self.model.config).eval()
+            self.ref_model = type(self.model)(self.model.config).to(self.device).eval()
             self.ref_model.load_state_dict(self.model.state_dict())
             self.ref_model.requires_grad_(False)
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
@@ -190,7 +201,8 @@ class Trainer:
             behaviour[b, p - 1 : p - 1 + r] = torch.tensor(t.logprobs, dtype=torch.float32)
             if advs is not None:
                 adv[b, p - 1 : p - 1 + r] = advs[b]
-        return {"ids": ids, "attn": attn, "mask": mask, "behaviour": behaviour, "advantages": adv}
+        batch = {"ids": ids, "attn": attn, "mask": mask, "behaviour": behaviour, "advantages": adv}
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     @staticmethod
     def _pad_like(rows: list[torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -200,7 +212,9 @@ class Trainer:
         return out
 
     def _forward_logprobs(self, model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits[:, :-1]
+        cuda = self.device.type == "cuda"
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            logits = model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits[:, :-1]
         return token_logprobs(logits, batch["ids"][:, 1:], self.cfg.grpo.temperature)
 
     @torch.no_grad()
@@ -223,10 +237,15 @@ class Trainer:
     def named_weights(self) -> dict[str, torch.Tensor]:
         """The HF state_dict to publish, with the keys `save_pretrained` writes: when embeddings are tied,
         `lm_head.weight` is left out (it is `model.embed_tokens.weight`) and loaders re-tie it. The tensors are
-        live views, valid until the next `train_step`; copy them out before training on."""
+        live views, valid until the next `train_step`; copy them out before training on. On CUDA they stay on the
+        GPU (the publisher copies them into its registered shared-memory slot); with `publish_dtype` they are cast
+        copies, e.g. bf16 for a bf16 engine, which halves the bytes on the weight path."""
         sd = self.model.state_dict()
         if _ties_embeddings(self.model):
             sd.pop("lm_head.weight", None)
+        if self.cfg.publish_dtype:
+            dtype = getattr(torch, self.cfg.publish_dtype)
+            return {k: v.detach().to(dtype) for k, v in sd.items()}
         return {k: v.detach() for k, v in sd.items()}
 
     def state_dict(self) -> dict[str, Any]:
