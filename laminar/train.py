@@ -131,7 +131,7 @@ def train(
     trained = len(rt.trained_ids)
     dispatched = sum(len(r["groups"]) for r in recorder.of("dispatch")) * cfg.trainer.group_size
     in_buffer = buf.get("size", 0)
-    lost = dispatched - trained - in_buffer - partial["in_flight"] - buf.get("evicted_trajectories", 0)
+    lost = dispatched - trained - in_buffer - partial["in_flight"]  # evicted ones are lost too
     prop = {r["version"]: r["seconds"] for r in recorder.of("propagation")}
     for r in recorder.of("publish"):
         r["propagation_s"] = prop.get(r["version"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,6 +187,10 @@ class RolloutManager:
     def live_replicas(self) -> dict[int, Any]:
         return dict(self.handles)
 
+    def chain(self) -> list[Any]:
+        """The relay chain as it stands now, master first (rebuilt after a relay died)."""
+        return list(self.relays)
+
     # ---- repack ------------------------------------------------------------------------------------------
     async def _repack_loop(self) -> None:
         """Every `interval_s`, and right after each trainer update."""
@@ -212,6 +217,10 @@ class RolloutManager:
                 )
             except ray.exceptions.RayActorError:
                 continue  # a replica died mid-move; the watch loop recovers its work from the partial pool
+            except Exception as e:  # noqa: BLE001 - a failed round is reported, the loop goes on
+                log.warning("repack round failed: %r", e)
+                self.events.append({"kind": "repack_error", "t": time.time() - self.t0, "error": repr(e)})
+                continue
             now = time.time() - self.t0
             self.events.extend({**e, "t": now} for e in events)
 
@@ -220,12 +229,17 @@ class RolloutManager:
         """Heartbeats by asking: a replica or relay that does not answer within `dead_after_s` is dead."""
         while not self.stopped:
             await asyncio.sleep(self.heartbeat_s)  # the watch period, not a synchronisation
-            for rid, handle in list(self.handles.items()):
-                if not await self._answers(handle.snapshot.remote()):
-                    await self._replace_replica(rid)
-            for relay in list(self.relays):
-                if not await self._answers(relay.ping.remote()):
-                    await self._replace_relay(relay)
+            try:
+                for rid, handle in list(self.handles.items()):
+                    if not await self._answers(handle.snapshot.remote()):
+                        await self._replace_replica(rid)
+                for relay in list(self.relays):
+                    if not await self._answers(relay.ping.remote()):
+                        await self._replace_relay(relay)
+            except Exception as e:  # noqa: BLE001 - the watch must outlive any one failed recovery
+                log.warning("failure watch: %r", e)
+                self.events.append({"kind": "watch_error", "t": time.time() - self.t0, "error": repr(e),
+                                    "where": traceback.format_exc(limit=-3)})
 
     async def _answers(self, ref: Any) -> bool:
         try:
@@ -237,26 +251,23 @@ class RolloutManager:
             return True  # it answered, with an error of its own: alive
 
     async def _replace_replica(self, dead: int) -> None:
+        """Recover its work on the live replicas first, then start a replacement that pulls from its relay."""
         handle = self.handles.pop(dead)
         ray.kill(handle)  # a hung one too
-        self.failures["rollouts"] += 1
-        self.events.append(
-            {"kind": "failure", "t": time.time() - self.t0, "what": "rollout", "replica": dead}
-        )
-        new_id = max([*self.handles, dead, *self.node_of_replica]) + 1
+        self.events.append({"kind": "failure", "t": time.time() - self.t0, "what": "rollout", "replica": dead})
+        await self._recover(dead)
         from laminar.runtime.actors import ReplicaActor
 
+        new_id = max([*self.handles, dead, *self.node_of_replica]) + 1
         spec = self.replica_spec
         new = ReplicaActor.options(**spec["options"]).remote(new_id, *spec["args"], **spec["kwargs"])
-        self.events.append(
-            {"kind": "replacement", "t": time.time() - self.t0, "replica": new_id, "for": dead}
-        )
+        self.events.append({"kind": "replacement", "t": time.time() - self.t0, "replica": new_id, "for": dead})
         node = await new.node_id.remote()
         self.node_of_replica[new_id] = node
         relay = self.relay_of_node.get(node) or await self._new_relay(node)
         await new.start.remote(relay)
         self.handles[new_id] = new
-        await self._recover(dead)
+        self.failures["rollouts"] += 1  # counted once handled: recovered and replaced
 
     async def _recover(self, dead: int) -> None:
         entries = await self.partial_pool.on_replica.remote(dead)
@@ -266,6 +277,8 @@ class RolloutManager:
         live = {s["replica"]: s["version"] for s in snaps if isinstance(s, dict)}
         groups = dict(self.replicas[dead].groups) if dead in self.replicas else {}
         plan = plan_recovery(entries, groups, live, self.sampling, self.run_seed, time.time())
+        self.events.append({"kind": "recovery", "t": time.time() - self.t0, "replica": dead,
+                            "in_flight": len(entries), "live": live})
         for kind, batches in (("recovered", plan.recovered), ("restarted", plan.restarted)):
             for target, items in batches:
                 refused = set(await self.handles[target].import_requests.remote(items))

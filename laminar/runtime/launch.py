@@ -131,7 +131,7 @@ class Runtime:
         rt.manager = ray.remote(num_cpus=0)(RolloutManager).remote(rt.prompt_pool, dispatch, recorder.t0)
         rt.buffer = BufferActor.remote(
             t.group_size,
-            cfg.buffer.capacity_groups * t.group_size,
+            4 * cfg.buffer.capacity_groups * t.group_size,  # a hard bound well above the dispatch bound
             None if cfg.buffer.max_staleness < 0 else cfg.buffer.max_staleness,
             rt.prompt_pool,
             rt.manager,
@@ -258,10 +258,13 @@ class Runtime:
         self.publish_times[self.version] = m["t_publish"]
         if push:
             t = time.time()
-            ray.get(
-                [r.wait_version.remote(self.version, self.cfg.run.timeout_s) for r in self.relays[1:]],
-                timeout=self.cfg.run.timeout_s,
-            )
+            try:
+                ray.get(
+                    [r.wait_version.remote(self.version, self.cfg.run.timeout_s) for r in self.relays[1:]],
+                    timeout=self.cfg.run.timeout_s,
+                )
+            except ray.exceptions.RayActorError:  # a relay died: the manager rebuilt the chain
+                self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
             m["stall_s"] += time.time() - t
         for tid in m.pop("traj_ids"):
             if tid in self.trained_ids:
@@ -306,7 +309,12 @@ class Runtime:
 
     def propagation(self) -> dict[int, float]:
         """Per version: publish -> complete at the last relay of the chain."""
-        stats = ray.get([r.stats.remote() for r in self.relays], timeout=self.cfg.run.timeout_s)
+        stats = []
+        for relay in self.relays:
+            try:
+                stats.append(ray.get(relay.stats.remote(), timeout=self.cfg.run.timeout_s))
+            except ray.exceptions.RayActorError:
+                continue  # died after the manager's last look; the others still tell the story
         out = {}
         for v, t_pub in self.publish_times.items():
             done = [s["versions"].get(v, {}).get("t_complete") for s in stats]
@@ -317,6 +325,7 @@ class Runtime:
     def stop(self) -> dict[str, Any]:
         report = ray.get(self.manager.stop.remote(), timeout=self.cfg.run.timeout_s)
         self.replicas = ray.get(self.manager.live_replicas.remote(), timeout=self.cfg.run.timeout_s)
+        self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
         ray.get([a.stop.remote() for a in self.replicas.values()], timeout=self.cfg.run.timeout_s)
         self.collect()
         buf = ray.get(self.buffer.stats.remote(), timeout=self.cfg.run.timeout_s)

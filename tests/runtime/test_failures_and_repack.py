@@ -46,9 +46,9 @@ def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster,
             *BASE,
             f"model.path={tiny_model_dir}",
             "task.name=lengths",
-            "task.length_median=6",
-            "rollout.max_new_tokens=48",
-            "trainer.steps=6",
+            "task.length_median=10",
+            "rollout.max_new_tokens=100",
+            "trainer.steps=20",
             "trainer.groups_per_step=2",
             "rollout.groups_per_batch=2",
             "buffer.capacity_groups=8",
@@ -93,6 +93,14 @@ def _kill_process(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def _wait_for_failure(rt, what: str, count: int, timeout_s: float = 60) -> None:
+    """The test waits (bounded) until the manager has noticed, so the recovery path really runs mid-run."""
+    deadline = time.monotonic() + timeout_s
+    while ray.get(rt.manager.report.remote())["failures"][what] < count:
+        assert time.monotonic() < deadline, f"the manager did not notice the dead {what} in {timeout_s}s"
+        time.sleep(0.1)
+
+
 def test_a_killed_replica_process_and_a_killed_relay_lose_nothing(ray_cluster, tiny_model_dir, tmp_path):
     killed = {}
 
@@ -101,9 +109,11 @@ def test_a_killed_replica_process_and_a_killed_relay_lose_nothing(ray_cluster, t
             victim = sorted(rt.replicas)[0]
             killed["replica"] = ray.get(rt.replicas[victim].pid.remote())
             _kill_process(killed["replica"])
+            _wait_for_failure(rt, "rollouts", 1)
         if m["version"] == 4 and "relay" not in killed:
             killed["relay"] = ray.get(rt.relays[-1].ping.remote())["pid"]  # a node relay, not the master
             _kill_process(killed["relay"])
+            _wait_for_failure(rt, "relays", 1)
 
     cfg = load_config(
         None,
