@@ -156,7 +156,7 @@ def train(
             "resumed_at": start_version if resume else None,
             "restarted_on_resume": rt.restarted_on_resume,
             "repacks": end["repacks"],
-            "failures": end["failures"],
+            "failures": {**end["failures"], "trainer": rt.trainer_restarts},
         },
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -155,6 +155,11 @@ class TrainerActor:
             "traj_versions": {t.traj_id: sorted(t.versions) for t in trajs},
         }
 
+    def replay(self, groups: list[list[Trajectory]]) -> int:
+        """Train on a batch again without publishing: a restarted trainer catching up from its checkpoint."""
+        self.trainer.train_step(groups)
+        return self.trainer.version
+
     def save_checkpoint(self, path: str) -> str:
         return str(self.trainer.save_checkpoint(path))
 

@@ -51,6 +51,10 @@ def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
     raise ValueError(f"task.name={cfg.task.name!r}: expected 'reverse' (built in) or a .jsonl file of rows")
 
 
+def _node_of(_actor: Any) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
 def _import_engine(_actor: Any) -> None:
     import laminar.engine.weights  # noqa: F401
 
@@ -110,6 +114,10 @@ class Runtime:
     publish_times: dict[int, float] = field(default_factory=dict)
     engine_path: str = ""
     restarted_on_resume: int = 0
+    trainer_spec: tuple[dict[str, Any], Any] | None = None
+    last_checkpoint: Path | None = None
+    since_checkpoint: list[list[list[Trajectory]]] = field(default_factory=list)  # batches to replay
+    trainer_restarts: int = 0
 
     # ---- start ---------------------------------------------------------------------------------------------
     @classmethod
@@ -156,9 +164,8 @@ class Runtime:
             device="cuda" if cuda else "cpu",
             publish_dtype="bfloat16" if cuda or cfg.model.dtype == "bfloat16" else "",
         )
-        rt.trainer = TrainerActor.options(num_cpus=t.num_cpus, num_gpus=t.num_gpus if cuda else 0).remote(
-            plain, cfg.relay.slots
-        )
+        rt.trainer_spec = ({"num_cpus": t.num_cpus, "num_gpus": t.num_gpus if cuda else 0}, plain)
+        rt.trainer = TrainerActor.options(**rt.trainer_spec[0]).remote(plain, cfg.relay.slots)
         trainer_node = ray.get(rt.trainer.node_id.remote(), timeout=cfg.run.timeout_s)
         chunk = int(cfg.relay.chunk_mb * (1 << 20))
         master = relay_on_node(trainer_node, "relay-master", num_slots=cfg.relay.slots, chunk_bytes=chunk)
@@ -253,7 +260,12 @@ class Runtime:
     def train(self, groups: list[list[Trajectory]], push: bool = False) -> dict[str, Any]:
         """One trainer step plus its publish; logs the step and tells the manager. `push` makes the publish a
         global push: the step ends only when every relay holds the new version (the baselines' broadcast)."""
-        m = ray.get(self.trainer.step.remote(groups), timeout=self.cfg.run.timeout_s * 5)
+        try:
+            m = ray.get(self.trainer.step.remote(groups), timeout=self.cfg.run.timeout_s * 5)
+        except ray.exceptions.RayActorError:
+            self._restart_trainer()
+            m = ray.get(self.trainer.step.remote(groups), timeout=self.cfg.run.timeout_s * 5)
+        self.since_checkpoint.append(groups)
         self.version = m["version"]
         self.publish_times[self.version] = m["t_publish"]
         if push:
@@ -332,6 +344,32 @@ class Runtime:
         inflight = ray.get(self.partial_pool.stats.remote(), timeout=self.cfg.run.timeout_s)
         return {"buffer": buf, "partial": inflight, **report}
 
+    def _restart_trainer(self) -> None:
+        """The trainer died: a new one loads the last checkpoint and trains again on every batch consumed since
+        (the driver kept them), so it stands where the dead one stood; the rollouts never stopped meanwhile."""
+        t = self.cfg.run.timeout_s
+        self.trainer_restarts += 1
+        self.recorder.log("failure", what="trainer", version=self.version)
+        options, plain = self.trainer_spec
+        self.trainer = TrainerActor.options(**options).remote(plain, self.cfg.relay.slots)
+        node = ray.get(self.trainer.node_id.remote(), timeout=t)
+        master = self.relays[0]
+        if ray.get(master.__ray_call__.remote(_node_of), timeout=t) != node:
+            raise RuntimeError(
+                "the restarted trainer landed on another node than its master relay; pin the "
+                "trainer with resources that only one node has"
+            )
+        ray.get(self.trainer.attach_master.remote(master), timeout=t)
+        if self.last_checkpoint is not None:
+            ray.get(self.trainer.load_checkpoint.remote(str(self.last_checkpoint)), timeout=t * 5)
+        for batch in self.since_checkpoint:
+            ray.get(self.trainer.replay.remote(batch), timeout=t * 5)
+        caught_up = ray.get(self.trainer.version.remote(), timeout=t)
+        if caught_up != self.version:
+            raise RuntimeError(
+                f"the restarted trainer is at version {caught_up} after replay, expected {self.version}"
+            )
+
     def checkpoint(self, path: Path) -> None:
         """Trainer state, then the prompt pool, the in-flight frontier and the buffer, in that order: a group
         issued or a trajectory finished between two snapshots is then regenerated on resume and deduplicated
@@ -352,6 +390,7 @@ class Runtime:
             path.rename(old)
         tmp.rename(path)
         shutil.rmtree(old, ignore_errors=True)
+        self.last_checkpoint, self.since_checkpoint = path, []
 
     def restore(self, path: Path) -> None:
         state_file = path / "runtime_state.pkl"

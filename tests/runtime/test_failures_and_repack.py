@@ -191,3 +191,33 @@ def test_a_run_stopped_hard_and_resumed_trains_every_prompt_once(ray_cluster, ti
     groups = [tid.split(":")[0] for tid in [*before, *after]]
     assert len(set(groups)) == 6 * 2, "every step trains groups no other step trained"
     assert summary["trajectories"]["duplicated"] == 0
+
+
+def test_a_killed_trainer_restarts_from_its_checkpoint_and_catches_up(ray_cluster, tiny_model_dir, tmp_path):
+    killed = []
+
+    def hook(rt, m):
+        if m["version"] == 3 and not killed:
+            killed.append(ray.get(rt.trainer.pid.remote()))
+            _kill_process(killed[0])
+
+    cfg = load_config(
+        None,
+        [
+            *BASE,
+            f"model.path={tiny_model_dir}",
+            "rollout.max_new_tokens=16",
+            "trainer.steps=6",
+            "trainer.groups_per_step=2",
+            "rollout.groups_per_batch=1",
+            "buffer.capacity_groups=6",
+            "trainer.checkpoint_every=2",
+        ],
+    )
+    summary = train(cfg, tmp_path, quiet=True, hook=hook)
+    assert killed and summary["failures"]["trainer"] == 1
+    assert summary["trainer_steps"] == 6
+    t = summary["trajectories"]
+    assert t["lost"] == 0 and t["duplicated"] == 0, t
+    versions = [r["version"] for r in records_of(tmp_path) if r["kind"] == "step"]
+    assert versions == [1, 2, 3, 4, 5, 6]
