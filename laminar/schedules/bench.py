@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -80,6 +81,7 @@ def run_variant(
     from laminar.train import train
 
     cfg = load_config(config, [*overrides, f"schedule.name={schedule}", f"run.out={out / label}"])
+    shutil.rmtree(out / label, ignore_errors=True)  # metrics.jsonl appends: an earlier run's records would mix in
     t = time.time()
     summary = train(cfg, out / label, quiet=True)
     records = [json.loads(line) for line in (out / label / "metrics.jsonl").read_text().splitlines()]
