@@ -64,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['training_throughput']:12,.0f} tok/s  trainer busy {row['trainer_busy']:.2f}"
             )
     elif args.paper:
-        paper_experiment(out, cfg, workers=args.workers)
+        compare = (
+            () if args.schedule == "all" else tuple(s for s in args.schedule.split(",") if s != "laminar")
+        )
+        paper_experiment(out, cfg, workers=args.workers, **({"compare": compare} if compare else {}))
         print((out / "speedup.md").read_text())
     else:
         names = SCHEDULES if args.schedule == "all" else tuple(args.schedule.split(","))
