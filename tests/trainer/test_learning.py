@@ -15,10 +15,11 @@ from laminar.trainer.hf_rollout import generate_groups
 from laminar.trainer.trainer import Trainer, TrainerConfig
 
 # The demo defaults (reported to the runtime): lr, group size, groups per step, temperature, max new tokens.
-LR, N, GROUPS, TEMPERATURE, STEPS = 3e-4, 8, 16, 1.0, 50
+LR, N, GROUPS, TEMPERATURE, STEPS = 3e-4, 8, 16, 1.0, 40
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # about 70 s on two idle cores; far longer when the machine is shared
 def test_grpo_raises_the_reward_of_the_warm_start(tmp_path):
     t0 = time.perf_counter()
     task = ReverseTask()
@@ -55,7 +56,11 @@ def test_grpo_raises_the_reward_of_the_warm_start(tmp_path):
             pool.done(group.group_id)
         metrics = trainer.train_step(buffer.sample(GROUPS, trainer.version))
         rewards.append(metrics["reward_mean"])
-    start, end = float(np.mean(rewards[:10])), float(np.mean(rewards[-10:]))
+        if metrics["version"] % 10 == 0:
+            print(
+                f"step {metrics['version']}: reward {np.mean(rewards[-10:]):.3f}, {time.perf_counter() - t0:.0f}s"
+            )
+    start, end = float(np.mean(rewards[:8])), float(np.mean(rewards[-8:]))
     elapsed = time.perf_counter() - t0
     print(f"reward {start:.3f} -> {end:.3f} in {STEPS} steps, {elapsed:.0f}s")
     assert buffer.stats()["staleness"]["max"] == 0 and scorer.errors == 0
