@@ -46,7 +46,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    max_new_tokens: int = 96
+    max_new_tokens: int = 48  # the reverse task needs at most 41
     num_cpus: float = 0.5
     num_gpus: float = 0.0
     progress_every: int = 8  # engine steps between progress reports to the partial response pool
@@ -56,7 +56,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 200
+    steps: int = 160
     groups_per_step: int = 16
     group_size: int = 8
     lr: float = 6e-4
@@ -82,7 +82,7 @@ class RelayConfig:
 @dataclass
 class RepackConfig:
     enabled: bool = True
-    interval_s: float = 1.0
+    interval_s: float = 0.25  # the demo's batches drain in about a second; 5 s suits GPU-sized batches
     batch_limit_b: int = 16  # B: decode batch past which throughput stops growing (laminar bench engine)
     kv_capacity: float = 0.9  # C_max as a fraction of a replica's KV blocks
 

@@ -252,7 +252,7 @@ class RolloutReplica:
                 self._report_progress(out)
                 if self.interrupt_on_update:
                     self._resume_on_newer_version()
-            self._beat()
+            self._beat(force=steps == 2)  # one sample of every batch at full KV, right after its prefill
             self._apply_commands()
         self._beat(force=True)
 

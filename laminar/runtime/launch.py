@@ -147,7 +147,7 @@ class Runtime:
         grpo = GRPOConfig(
             clip_low=t.clip_low,
             clip_high=t.clip_high,
-            temperature=max(r.temperature, 1e-6),
+            temperature=r.temperature if r.temperature > 0 else 1.0,
             proximal="behaviour" if t.correction == "none" else "trainer",
             is_correction=t.correction,
             is_cap=t.is_cap,
