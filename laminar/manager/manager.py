@@ -117,9 +117,11 @@ class RolloutManager:
                 version, self.trainer_version, self.dispatched_groups, self.consumed_groups
             )
             if quota > 0:
+                # Reserve before awaiting: other replicas' requests run while this one waits for the pool.
+                self.dispatched_groups += quota
                 groups = await self.prompt_pool.next_groups.remote(quota)
+                self.dispatched_groups -= quota - len(groups)
                 if groups:
-                    self.dispatched_groups += len(groups)
                     for g in groups:
                         state.groups[g.group_id] = g
                     self.events.append(
@@ -238,8 +240,14 @@ class RolloutManager:
                         await self._replace_relay(relay)
             except Exception as e:  # noqa: BLE001 - the watch must outlive any one failed recovery
                 log.warning("failure watch: %r", e)
-                self.events.append({"kind": "watch_error", "t": time.time() - self.t0, "error": repr(e),
-                                    "where": traceback.format_exc(limit=-3)})
+                self.events.append(
+                    {
+                        "kind": "watch_error",
+                        "t": time.time() - self.t0,
+                        "error": repr(e),
+                        "where": traceback.format_exc(limit=-3),
+                    }
+                )
 
     async def _answers(self, ref: Any) -> bool:
         try:
@@ -254,14 +262,18 @@ class RolloutManager:
         """Recover its work on the live replicas first, then start a replacement that pulls from its relay."""
         handle = self.handles.pop(dead)
         ray.kill(handle)  # a hung one too
-        self.events.append({"kind": "failure", "t": time.time() - self.t0, "what": "rollout", "replica": dead})
+        self.events.append(
+            {"kind": "failure", "t": time.time() - self.t0, "what": "rollout", "replica": dead}
+        )
         await self._recover(dead)
         from laminar.runtime.actors import ReplicaActor
 
         new_id = max([*self.handles, dead, *self.node_of_replica]) + 1
         spec = self.replica_spec
         new = ReplicaActor.options(**spec["options"]).remote(new_id, *spec["args"], **spec["kwargs"])
-        self.events.append({"kind": "replacement", "t": time.time() - self.t0, "replica": new_id, "for": dead})
+        self.events.append(
+            {"kind": "replacement", "t": time.time() - self.t0, "replica": new_id, "for": dead}
+        )
         node = await new.node_id.remote()
         self.node_of_replica[new_id] = node
         relay = self.relay_of_node.get(node) or await self._new_relay(node)
@@ -277,8 +289,15 @@ class RolloutManager:
         live = {s["replica"]: s["version"] for s in snaps if isinstance(s, dict)}
         groups = dict(self.replicas[dead].groups) if dead in self.replicas else {}
         plan = plan_recovery(entries, groups, live, self.sampling, self.run_seed, time.time())
-        self.events.append({"kind": "recovery", "t": time.time() - self.t0, "replica": dead,
-                            "in_flight": len(entries), "live": live})
+        self.events.append(
+            {
+                "kind": "recovery",
+                "t": time.time() - self.t0,
+                "replica": dead,
+                "in_flight": len(entries),
+                "live": live,
+            }
+        )
         for kind, batches in (("recovered", plan.recovered), ("restarted", plan.restarted)):
             for target, items in batches:
                 refused = set(await self.handles[target].import_requests.remote(items))

@@ -64,6 +64,7 @@ async def repack_once(
     for m in plan.moves:
         by_pair[(m.source, m.destination)].append(m.request_id)
     events = []
+    kept_back: set[int] = set()  # sources that still hold a planned trajectory (refused by its destination)
     for (src, dst), rids in sorted(by_pair.items()):
         items = await handles[src].export_requests.remote(rids)
         if not items:  # they finished meanwhile
@@ -73,6 +74,7 @@ async def repack_once(
             back = [it for it in items if it[1].group.traj_id(it[1].sample_idx) in refused]
             await handles[src].import_requests.remote(back)
             stats.refused += len(refused)
+            kept_back.add(src)
         moved = [
             it[1].group.traj_id(it[1].sample_idx)
             for it in items
@@ -84,7 +86,9 @@ async def repack_once(
         events.append(
             {"kind": "repack", "source": src, "destination": dst, "moved": len(moved), "ids": moved}
         )
+    if not events:
+        return []
     stats.count += 1
-    stats.released += len(plan.released)
+    stats.released += len(set(plan.released) - kept_back)
     stats.overhead_s.append(time.perf_counter() - t0)
     return events

@@ -22,10 +22,6 @@ def _exactly(wanted: set[int], ready: list, count: int, version: int) -> list[in
     return [i for i, g in enumerate(ready) if g[0].group_id in wanted]
 
 
-def _oldest_version_first(ready: list, count: int, version: int) -> list[int]:
-    return sorted(range(len(ready)), key=lambda i: (ready[i][0].version, i))[:count]
-
-
 @ray.remote(num_cpus=0, max_concurrency=16)
 class BufferActor:
     """The experience buffer; `take` blocks (with a timeout) until enough complete groups are ready."""
@@ -53,15 +49,12 @@ class BufferActor:
         version: int,
         timeout_s: float,
         group_ids: list[int] | None = None,
-        oldest_first: bool = False,
     ) -> list[list[Trajectory]]:
-        """`count` complete groups: the buffer's sampler (FIFO), or exactly `group_ids`, or oldest version first."""
+        """`count` complete groups: the buffer's sampler (FIFO), or exactly `group_ids` (in dispatch order)."""
         deadline = time.monotonic() + timeout_s
         sampler = self.buffer.sampler
         if group_ids is not None:
             sampler = partial(_exactly, set(group_ids))
-        elif oldest_first:
-            sampler = _oldest_version_first
         with self.cond:
             while (groups := self._sample(sampler, count, version)) is None:
                 left = deadline - time.monotonic()

@@ -247,15 +247,11 @@ class Runtime:
         return ReplicaActor.options(**spec["options"]).remote(i, *spec["args"], **spec["kwargs"])
 
     # ---- the operations schedules are made of --------------------------------------------------------------
-    def take(
-        self, count: int, group_ids: range | None = None, oldest_first: bool = False
-    ) -> list[list[Trajectory]]:
+    def take(self, count: int, group_ids: range | None = None) -> list[list[Trajectory]]:
         """Complete groups from the experience buffer, waiting for them with the run's timeout: FIFO by
-        completion, or exactly `group_ids` (a whole batch), or oldest version first (bounded staleness)."""
+        completion, or exactly `group_ids` (a whole batch in dispatch order, for the bounded schedules)."""
         ids = None if group_ids is None else list(group_ids)
-        return ray.get(
-            self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids, oldest_first)
-        )
+        return ray.get(self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids))
 
     def train(self, groups: list[list[Trajectory]], push: bool = False) -> dict[str, Any]:
         """One trainer step plus its publish; logs the step and tells the manager. `push` makes the publish a

@@ -43,8 +43,9 @@ CPU_DEFAULTS = [
     "rollout.groups_per_batch=2",
     "trainer.groups_per_step=4",
     "trainer.group_size=4",
-    "trainer.steps=10",
-    "trainer.warmup_steps=2",
+    "trainer.steps=30",
+    "trainer.warmup_steps=3",
+    "repack.batch_limit_b=64",  # B on this CPU for the demo model (results/engine-cpu.json)
     "buffer.capacity_groups=12",
     "schedule.staleness=2",
 ]
@@ -81,7 +82,9 @@ def run_variant(
     from laminar.train import train
 
     cfg = load_config(config, [*overrides, f"schedule.name={schedule}", f"run.out={out / label}"])
-    shutil.rmtree(out / label, ignore_errors=True)  # metrics.jsonl appends: an earlier run's records would mix in
+    shutil.rmtree(
+        out / label, ignore_errors=True
+    )  # metrics.jsonl appends: an earlier run's records would mix in
     t = time.time()
     summary = train(cfg, out / label, quiet=True)
     records = [json.loads(line) for line in (out / label / "metrics.jsonl").read_text().splitlines()]

@@ -36,6 +36,8 @@ def dispatch(cfg: Config) -> Dispatch:
 
 
 def run(rt: Runtime, steps: int, on_step) -> None:
+    g = rt.cfg.trainer.groups_per_step
     for _ in range(steps):
-        groups = rt.take(rt.cfg.trainer.groups_per_step, oldest_first=True)
+        v = rt.version  # in dispatch order: what the staleness bound was computed for (waits for stragglers)
+        groups = rt.take(g, group_ids=range(v * g, (v + 1) * g))
         on_step(rt.train(groups, push=True))
