@@ -28,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--paper", action="store_true", help="the paper's grid: 64..1024 GPUs x 7B/32B/72B")
     p.add_argument("--bench", action="store_true", help="time 100 steps of a 1024-GPU simulation")
+    p.add_argument(
+        "--validate", action="store_true", help="simulate the measured small GPU schedule benchmark"
+    )
     return p
 
 
@@ -41,6 +44,11 @@ def measured_cost(base: CostModel) -> CostModel:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.validate:
+        from laminar.sim.validation import run_validation, table
+
+        print(table(run_validation(Path(args.out))))
+        return 0
     cfg = load_config(args.config, gpus=args.gpus, model=args.model, steps=args.steps)
     cfg = cfg.with_(cost=measured_cost(cfg.cost))
     out = Path(args.out)

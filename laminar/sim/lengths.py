@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-KINDS = ("dapo", "lognormal", "pareto", "empirical", "constant")
+KINDS = ("dapo", "lognormal", "pareto", "empirical", "constant", "bench")
 _BLOCK = 256  # groups per generator block
 
 
@@ -33,6 +33,7 @@ class LengthConfig:
     drift_per_step: float = 0.005  # relative growth of the median per trainer step (responses lengthen)
     drift_cap: float = 1.5
     empirical_path: str = ""
+    num_prompts: int = 4096  # bench: rows of the length-controlled dataset (`task.num_prompts`)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -44,14 +45,43 @@ class LengthConfig:
 
 
 class LengthSampler:
-    """Deterministic (prompt_len, response_lens) per group index."""
+    """Deterministic (prompt_len, response_lens) per group index.
+
+    `kind: bench` replays the runtime's own length-controlled workload (`task.name=lengths`): the rows of
+    `laminar.data.lengths.LengthWorkload` (median, p99 ratio, cap = `max_response`, seed = `seed`) handed out
+    in the order of the real `laminar.data.prompt_pool.PromptPool` (same seed), every sample of a group the
+    same length (the row fixes it, end-of-sequence ignored), prompts `prompt_median` tokens, no drift. Group i
+    of the simulation is then group i of a measured run.
+    """
 
     def __init__(self, cfg: LengthConfig, group_size: int, groups_per_step: int, seed: int = 0) -> None:
         self.cfg, self.n, self.groups_per_step, self.seed = cfg, group_size, groups_per_step, seed
         self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._empirical = _load_empirical(cfg.empirical_path) if cfg.kind == "empirical" else None
+        self._bench: list[int] = []
+        self._pool = None
+
+    def _bench_group(self, index: int) -> tuple[int, list[int]]:
+        if self._pool is None:
+            from laminar.data.lengths import LengthWorkload
+            from laminar.data.prompt_pool import PromptPool
+
+            cfg = self.cfg
+            rows = LengthWorkload(
+                median=int(cfg.median),
+                p99_ratio=cfg.p99_over_median,
+                max_len=cfg.max_response,
+                seed=self.seed,
+            ).rows(cfg.num_prompts)
+            self._pool = PromptPool(rows, lambda _: [0], self.n, seed=self.seed)
+        while len(self._bench) <= index:
+            (group,) = self._pool.next_groups(1)
+            self._bench.append(int(group.meta["sampling"]["max_new_tokens"]))
+        return int(self.cfg.prompt_median), [self._bench[index]] * self.n
 
     def group(self, index: int) -> tuple[int, list[int]]:
+        if self.cfg.kind == "bench":
+            return self._bench_group(index)
         block, row = divmod(index, _BLOCK)
         if block not in self._blocks:
             self._blocks[block] = self._draw(block)
