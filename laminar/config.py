@@ -104,7 +104,6 @@ class ScheduleConfig:
 class RunConfig:
     out: str = "runs/demo"
     seed: int = 0
-    max_wall_s: float = 600.0
     timeout_s: float = 120.0  # longest any single wait may take before the run fails with a message
     ray_address: str = ""  # empty = start a local Ray instance
     num_cpus: int = 0  # logical CPUs for a local Ray instance; 0 = enough for the configured actors
@@ -282,5 +281,4 @@ def validate(cfg: Config) -> None:
     _check(
         cfg.schedule.staleness >= 0, "schedule.staleness", cfg.schedule.staleness, "a non-negative integer"
     )
-    _check(cfg.run.max_wall_s > 0, "run.max_wall_s", cfg.run.max_wall_s, "a positive number of seconds")
     _check(cfg.run.timeout_s > 0, "run.timeout_s", cfg.run.timeout_s, "a positive number of seconds")
