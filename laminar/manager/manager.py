@@ -84,6 +84,7 @@ class RolloutManager:
         replica_spec: dict[str, Any],
         relays: list[Any],
         relay_of_node: dict[str, Any],
+        master_node: str,
         node_of_replica: dict[int, str],
         heartbeat_s: float,
         dead_after_s: float,
@@ -98,6 +99,7 @@ class RolloutManager:
             dict(relay_of_node),
             node_of_replica,
         )
+        self.master_node = master_node
         self.heartbeat_s, self.dead_after_s, self.timeout_s = heartbeat_s, dead_after_s, timeout_s
 
     async def start_background(self) -> None:
@@ -315,24 +317,35 @@ class RolloutManager:
                     )
         self.replicas.pop(dead, None)
 
-    async def _new_relay(self, node: str) -> Any:
+    async def _new_relay(self, node: str, master: bool = False) -> Any:
+        """A relay on `node`, linked into the chain: first if it is the master, else last."""
         from laminar.relay.chain import build_chain, relay_on_node
+        from laminar.runtime.launch import import_engine
 
-        relay = relay_on_node(node, f"relay-{node[:6]}-{len(self.relays)}")
-        self.relay_of_node[node] = relay
-        self.relays.append(relay)
+        relay = relay_on_node(node, f"relay-{'master' if master else node[:6]}-{len(self.relays)}")
+        await relay.__ray_call__.remote(import_engine)
+        if master:
+            self.relays.insert(0, relay)
+        else:
+            self.relay_of_node[node] = relay
+            self.relays.append(relay)
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: build_chain(self.relays, timeout=self.timeout_s)
         )
         return relay
 
     async def _replace_relay(self, dead: Any) -> None:
-        """Rebuild the chain without it; its node gets a new relay and that node's replicas re-point to it."""
+        """Rebuild the chain without it and start a new one on its node: a node relay's replicas re-point to it;
+        a new master is picked up by the trainer after its next step (`Runtime.train`)."""
         self.failures["relays"] += 1
         self.events.append({"kind": "failure", "t": time.time() - self.t0, "what": "relay"})
+        was_master = bool(self.relays) and self.relays[0]._actor_id == dead._actor_id
         self.relays = [r for r in self.relays if r._actor_id != dead._actor_id]
+        if was_master:
+            await self._new_relay(self.master_node, master=True)
+            return
         node = next((n for n, r in self.relay_of_node.items() if r._actor_id == dead._actor_id), None)
-        if node is None:  # the master relay: the trainer must re-attach, which the runtime does
+        if node is None:
             return
         del self.relay_of_node[node]
         relay = await self._new_relay(node)

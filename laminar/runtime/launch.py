@@ -55,7 +55,7 @@ def _node_of(_actor: Any) -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def _import_engine(_actor: Any) -> None:
+def import_engine(_actor: Any) -> None:
     import laminar.engine.weights  # noqa: F401
 
 
@@ -190,7 +190,7 @@ class Runtime:
             )
         rt.relays = [master, *rt.relay_of_node.values()]
         # Layouts are engine objects: import the engine in every relay now, not during the first publish.
-        ray.get([r.__ray_call__.remote(_import_engine) for r in rt.relays], timeout=cfg.run.timeout_s)
+        ray.get([r.__ray_call__.remote(import_engine) for r in rt.relays], timeout=cfg.run.timeout_s)
         build_chain(rt.relays, timeout=cfg.run.timeout_s)
         for actor, node in zip(rt.replicas.values(), nodes):
             ray.get(actor.start.remote(rt.relay_of_node[node]), timeout=cfg.run.timeout_s)
@@ -211,6 +211,7 @@ class Runtime:
                 replica_spec=spec,
                 relays=rt.relays,
                 relay_of_node=rt.relay_of_node,
+                master_node=trainer_node,
                 node_of_replica=dict(zip(rt.replicas, nodes)),
                 heartbeat_s=r.heartbeat_s,
                 dead_after_s=r.dead_after_s,
@@ -263,6 +264,10 @@ class Runtime:
             m = ray.get(self.trainer.step.remote(groups), timeout=self.cfg.run.timeout_s * 5)
         self.since_checkpoint.append(groups)
         self.version = m["version"]
+        chain = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
+        if chain and chain[0]._actor_id != self.relays[0]._actor_id:  # the master relay was replaced
+            ray.get(self.trainer.attach_master.remote(chain[0]), timeout=self.cfg.run.timeout_s)
+        self.relays = chain or self.relays
         self.publish_times[self.version] = m["t_publish"]
         if push:
             t = time.time()

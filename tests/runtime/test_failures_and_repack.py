@@ -101,7 +101,7 @@ def _wait_for_failure(rt, what: str, count: int, timeout_s: float = 60) -> None:
         time.sleep(0.1)
 
 
-def test_a_killed_replica_process_and_a_killed_relay_lose_nothing(ray_cluster, tiny_model_dir, tmp_path):
+def test_a_killed_replica_and_killed_relays_lose_nothing(ray_cluster, tiny_model_dir, tmp_path):
     killed = {}
 
     def hook(rt, m):
@@ -114,6 +114,12 @@ def test_a_killed_replica_process_and_a_killed_relay_lose_nothing(ray_cluster, t
             killed["relay"] = ray.get(rt.relays[-1].ping.remote())["pid"]  # a node relay, not the master
             _kill_process(killed["relay"])
             _wait_for_failure(rt, "relays", 1)
+        if m["version"] == 6 and "master" not in killed:
+            killed["master"] = ray.get(rt.relays[0].ping.remote())[
+                "pid"
+            ]  # the master relay, beside the trainer
+            _kill_process(killed["master"])
+            _wait_for_failure(rt, "relays", 2)
 
     cfg = load_config(
         None,
@@ -121,20 +127,22 @@ def test_a_killed_replica_process_and_a_killed_relay_lose_nothing(ray_cluster, t
             *BASE,
             f"model.path={tiny_model_dir}",
             "rollout.max_new_tokens=24",
-            "trainer.steps=8",
+            "trainer.steps=10",
             "trainer.groups_per_step=2",
             "rollout.groups_per_batch=1",
             "buffer.capacity_groups=6",
         ],
     )
     summary = train(cfg, tmp_path, quiet=True, hook=hook)
-    assert set(killed) == {"replica", "relay"}
+    assert set(killed) == {"replica", "relay", "master"}
     f, t = summary["failures"], summary["trajectories"]
-    assert f["rollouts"] >= 1 and f["relays"] >= 1, f
+    assert f["rollouts"] >= 1 and f["relays"] >= 2, f
     assert t["lost"] == 0 and t["duplicated"] == 0, t
-    assert summary["trainer_steps"] == 8
-    steps = [r for r in records_of(tmp_path) if r["kind"] == "step"]
-    assert steps[-1]["version"] == 8
+    assert summary["trainer_steps"] == 10
+    records = records_of(tmp_path)
+    assert [r for r in records if r["kind"] == "step"][-1]["version"] == 10
+    # versions kept arriving through the new master and the rebuilt chain
+    assert max(r["version"] for r in records if r["kind"] == "pull") > 7
 
 
 def test_a_run_stopped_hard_and_resumed_trains_every_prompt_once(ray_cluster, tiny_model_dir, tmp_path):
