@@ -94,3 +94,21 @@ def save_tokenizer(tokenizer: Tokenizer, out: str | Path) -> None:
     (out / "special_tokens_map.json").write_text(
         json.dumps({k: cfg[k] for k in cfg if k != "tokenizer_class"})
     )
+
+
+def save_model_dir(model, codec: TaskCodec, out: str | Path) -> Path:
+    """A loadable Hugging Face directory: the model, a sampling generation config and the task's tokenizer."""
+    from transformers import GenerationConfig
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    GenerationConfig(
+        bos_token_id=codec.bos_id,
+        eos_token_id=codec.eos_id,
+        pad_token_id=codec.pad_id,
+        do_sample=True,
+        temperature=1.0,
+    ).save_pretrained(out)
+    save_tokenizer(codec.tokenizer, out)
+    return out

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from laminar.data.tasks import ReverseTask, TaskCodec, save_tokenizer
+from laminar.data.tasks import ReverseTask, TaskCodec, save_model_dir
 
 
 @dataclass
@@ -94,17 +94,7 @@ def warmup(
                 f"warmup step {step:4d}  loss {loss.item():.3f}  {time.perf_counter() - t0:5.1f}s", flush=True
             )
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    GenerationConfig(
-        bos_token_id=codec.bos_id,
-        eos_token_id=codec.eos_id,
-        pad_token_id=codec.pad_id,
-        do_sample=True,
-        temperature=1.0,
-    ).save_pretrained(out)
-    save_tokenizer(codec.tokenizer, out)
+    out = save_model_dir(model, codec, out)
     n_params = sum(p.numel() for p in model.parameters())
     info = {
         "task": "reverse",

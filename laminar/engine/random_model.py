@@ -19,9 +19,9 @@ from laminar.engine.bench import SHAPES
 
 def write_random_model(shape: str, out: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:
     """Saves config, safetensors, generation config and the task tokenizer; returns the directory."""
-    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from laminar.data.tasks import TaskCodec, save_tokenizer
+    from laminar.data.tasks import TaskCodec, save_model_dir
 
     if shape not in SHAPES:
         raise ValueError(f"shape {shape!r} is not one of {sorted(SHAPES)}")
@@ -40,15 +40,7 @@ def write_random_model(shape: str, out: str | Path, seed: int = 0, dtype: str = 
         pad_token_id=codec.pad_id,
     )
     model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
-    model.save_pretrained(out)
-    GenerationConfig(
-        bos_token_id=codec.bos_id,
-        eos_token_id=codec.eos_id,
-        pad_token_id=codec.pad_id,
-        do_sample=True,
-        temperature=1.0,
-    ).save_pretrained(out)
-    save_tokenizer(codec.tokenizer, out)
+    out = save_model_dir(model, codec, out)
     info = {
         "shape": shape,
         "random_init": True,
