@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from laminar.sim.calibrate import GPU_TRAIN_STEP_S, from_schedule_bench
+from laminar.sim.calibrate import fit_trainer, from_schedule_bench, gpu_run_steps
 from laminar.sim.config import SimConfig
 from laminar.sim.cost import MODELS, CostModel
 from laminar.sim.lengths import LengthConfig
@@ -67,20 +67,23 @@ def bench_throughput(cluster) -> float:
     return sum(rec.step_tokens[w + 1 :]) / span
 
 
-def calibrated(train_step_s: float = GPU_TRAIN_STEP_S[1]) -> tuple[CostModel, dict[str, str]]:
+def calibrated(train_shift_s: float = 0.0) -> tuple[CostModel, dict[str, str]]:
     cfg = small_gpu_config()
-    measured = json.loads(Path(MEASURED).read_text())["results"]
-    tokens = sum(r["trained_tokens"] for r in measured if r["schedule"] != "laminar")
-    steps = sum(r["trainer_steps"] for r in measured if r["schedule"] != "laminar")
-    return from_schedule_bench(
-        ENGINE, MEASURED, cfg.cost, MODELS["0.5B"].params, tokens / steps, train_step_s=train_step_s
-    )
+    return from_schedule_bench(ENGINE, MEASURED, cfg.cost, MODELS["0.5B"].params, train_shift_s=train_shift_s)
+
+
+def train_band_s() -> float:
+    """The noise of a 3-step window's mean trainer step: the fit's residual sd over sqrt(3). The sensitivity
+    columns shift the fitted fixed cost by minus and plus this much."""
+    return fit_trainer(gpu_run_steps())["residual_sd_s"] / 3**0.5
 
 
 def run_validation(out: Path) -> dict[str, Any]:
     cost, notes = calibrated()
-    low, _, high = GPU_TRAIN_STEP_S
-    band = {s: calibrated(s)[0] for s in (low, high)}
+    band_s = train_band_s()
+    steps = gpu_run_steps()
+    fit = fit_trainer(steps)
+    band = {s: calibrated(s)[0] for s in (-band_s, band_s)}
     measured = {r["schedule"]: r for r in json.loads(Path(MEASURED).read_text())["results"]}
     ablation = {r["label"]: r for r in json.loads(Path(ABLATION).read_text())["results"]}
     rows = []
@@ -96,6 +99,15 @@ def run_validation(out: Path) -> dict[str, Any]:
             runs.append(("results/schedules-gpu/repack-ablation", ablation[label]))
         for source, m in runs:
             got = m["train_tokens_per_s"]
+            window = [
+                r
+                for r in steps[f"{Path(source).name}/{label}"]
+                if r["step"] > small_gpu_config().warmup_steps + 1
+            ]
+            measured_train = sum(r["step_time_s"] for r in window) / len(window)
+            fitted_train = sum(fit["fixed_s"] + fit["per_token_s"] * r["tokens"] for r in window) / len(
+                window
+            )
             err = sim / got - 1
             rows.append(
                 {
@@ -105,7 +117,8 @@ def run_validation(out: Path) -> dict[str, Any]:
                     "simulated_train_tok_s": round(sim, 1),
                     "error": round(err, 4),
                     "within_15pct": abs(err) <= TOLERANCE,
-                    "simulated_at_train_step_3.0_3.7s": [round(x, 1) for x in spread],
+                    "simulated_at_train_fixed_minus_plus_band": [round(x, 1) for x in spread],
+                    "window_train_step_s_measured_vs_fit": [round(measured_train, 3), round(fitted_train, 3)],
                     "measured_gen_tok_s": m["gen_tokens_per_s"],
                     "simulated_gen_tok_s": round(summary["generation_throughput"], 1),
                     "measured_staleness_max": m["staleness"]["max"],
@@ -121,6 +134,7 @@ def run_validation(out: Path) -> dict[str, Any]:
         "shape, lengths lognormal median 256 p99 10x cap 2048 (the run's own groups), 8 x 8 a step, 6 steps, "
         "2 warm-up",
         "calibration": notes,
+        "train_band_s": round(band_s, 3),
         "tolerance": TOLERANCE,
         "rows": rows,
     }
@@ -131,17 +145,20 @@ def run_validation(out: Path) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     lines = [
-        "| schedule | measured run | measured train tok/s | simulated | error | within 15% | simulated, train step 3.0 / 3.7 s "
-        "| gen tok/s measured / simulated | staleness max measured / simulated |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| schedule | measured run | measured train tok/s | simulated | error | within 15% "
+        f"| simulated, trainer fixed cost -/+ {result['train_band_s']:.2f} s "
+        "| trainer step in window, measured / fit | gen tok/s measured / simulated "
+        "| staleness max measured / simulated |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        lo, hi = r["simulated_at_train_step_3.0_3.7s"]
+        lo, hi = r["simulated_at_train_fixed_minus_plus_band"]
+        mt, ft = r["window_train_step_s_measured_vs_fit"]
         lines.append(
             f"| {r['schedule']} | {r['source'].removeprefix('results/schedules-gpu').strip('/') or 'main'} "
             f"| {r['measured_train_tok_s']:,.0f} | {r['simulated_train_tok_s']:,.0f} | {r['error']:+.1%} "
             f"| {'yes' if r['within_15pct'] else '**no**'} | {lo:,.0f} / {hi:,.0f} "
-            f"| {r['measured_gen_tok_s']:,.0f} / {r['simulated_gen_tok_s']:,.0f} "
+            f"| {mt:.2f} / {ft:.2f} s | {r['measured_gen_tok_s']:,.0f} / {r['simulated_gen_tok_s']:,.0f} "
             f"| {r['measured_staleness_max']} / {r['simulated_staleness_max']} |"
         )
     return "\n".join(lines)
