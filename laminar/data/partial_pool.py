@@ -87,8 +87,14 @@ class PartialPool:
             e.replica = replica
             self.moved += 1
 
-    def restart(self, traj_id: str, replica: int, version: int) -> None:
-        """No replica of its version is left: it starts over from its prompt, counted as a restart."""
+    def restart(self, traj_id: str, replica: int, version: int, group: PromptGroup | None = None) -> None:
+        """It starts over from its prompt (no replica of its version is left, or it never started): counted as a
+        restart. `group` registers it when the pool never saw it (dispatched, then lost before it began)."""
+        if traj_id not in self.entries and group is not None:
+            idx = int(traj_id.rsplit(":", 1)[1])
+            self.entries[traj_id] = PartialTrajectory(
+                traj_id, group.group_id, idx, list(group.prompt_ids), version, replica
+            )
         e = self._get(traj_id)
         e.response_ids, e.logprobs = [], []
         e.replica, e.version = replica, version

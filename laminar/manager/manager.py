@@ -17,7 +17,7 @@ from typing import Any
 import ray
 
 from laminar.data.records import PromptGroup
-from laminar.manager.recovery import plan_recovery
+from laminar.manager.recovery import plan_recovery, restart_item
 from laminar.manager.repacker import RepackStats, repack_once
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class RolloutManager:
         handles: dict[int, Any],
         *,
         partial_pool: Any,
+        buffer: Any,
         sampling: dict[str, Any],
         run_seed: int,
         repack: dict[str, Any] | None,
@@ -92,7 +93,12 @@ class RolloutManager:
     ) -> None:
         """What the background loops need: the replicas and relays, and how to make new ones."""
         self.handles = dict(handles)
-        self.partial_pool, self.sampling, self.run_seed = partial_pool, sampling, run_seed
+        self.partial_pool, self.buffer, self.sampling, self.run_seed = (
+            partial_pool,
+            buffer,
+            sampling,
+            run_seed,
+        )
         self.repack_cfg, self.replica_spec = repack, replica_spec
         self.relays, self.relay_of_node, self.node_of_replica = (
             list(relays),
@@ -284,38 +290,53 @@ class RolloutManager:
         self.failures["rollouts"] += 1  # counted once handled: recovered and replaced
 
     async def _recover(self, dead: int) -> None:
+        """Every trajectory the dead replica owed: in flight (from the partial pool) or dispatched to it but never
+        begun (neither in the pool nor in the buffer). Same-version replicas continue the first kind; everything
+        else starts over from its prompt on a live replica."""
         entries = await self.partial_pool.on_replica.remote(dead)
         snaps = await asyncio.gather(
             *[h.snapshot.remote() for h in self.handles.values()], return_exceptions=True
         )
         live = {s["replica"]: s["version"] for s in snaps if isinstance(s, dict)}
+        if not live:
+            raise RuntimeError(f"replica {dead} died and no live replica is left to take its work")
         groups = dict(self.replicas[dead].groups) if dead in self.replicas else {}
-        plan = plan_recovery(entries, groups, live, self.sampling, self.run_seed, time.time())
+        now = time.time()
+        plan = plan_recovery(entries, groups, live, self.sampling, self.run_seed, now)
+        restarts = [it for _, items in plan.restarted for it in items]
+        started = {e.traj_id for e in entries}
+        for gid, group in groups.items():
+            have = set(await self.buffer.samples_seen.remote(gid, group.n))
+            never = [i for i in range(group.n) if i not in have and group.traj_id(i) not in started]
+            restarts += [restart_item(group, i, self.sampling, self.run_seed, now) for i in never]
         self.events.append(
             {
                 "kind": "recovery",
-                "t": time.time() - self.t0,
+                "t": now - self.t0,
                 "replica": dead,
                 "in_flight": len(entries),
+                "restarts": len(restarts),
                 "live": live,
             }
         )
-        for kind, batches in (("recovered", plan.recovered), ("restarted", plan.restarted)):
-            for target, items in batches:
-                refused = set(await self.handles[target].import_requests.remote(items))
-                for exported, state in items:
-                    tid = exported.request_id
-                    if tid in refused:
-                        continue
-                    if kind == "recovered":
-                        self.partial_pool.move.remote(tid, target)
-                    else:
-                        self.partial_pool.restart.remote(tid, target, state.version)
-                    self.failures[f"{kind}_trajectories"] += 1
-                    self.replicas.setdefault(target, ReplicaState(target)).groups[state.group.group_id] = (
-                        state.group
-                    )
+        for target, items in plan.recovered:
+            refused = set(await self.handles[target].import_requests.remote(items))
+            for exported, state in items:
+                if exported.request_id in refused:  # the target changed version meanwhile
+                    restarts.append((exported, state))
+                    continue
+                self.partial_pool.move.remote(exported.request_id, target)
+                self.failures["recovered_trajectories"] += 1
+                self._owe(target, state.group)
+        for i, item in enumerate(sorted(restarts, key=lambda it: it[0].request_id)):
+            target = sorted(live)[i % len(live)]
+            await self.handles[target].import_requests.remote([item], restart=True)
+            self.failures["restarted_trajectories"] += 1
+            self._owe(target, item[1].group)
         self.replicas.pop(dead, None)
+
+    def _owe(self, replica: int, group: PromptGroup) -> None:
+        self.replicas.setdefault(replica, ReplicaState(replica)).groups[group.group_id] = group
 
     async def _new_relay(self, node: str, master: bool = False) -> Any:
         """A relay on `node`, linked into the chain: first if it is the master, else last."""

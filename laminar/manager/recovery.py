@@ -22,6 +22,17 @@ class Recovery:
     restarted: list[tuple[int, list[tuple[ExportedRequest, InFlight]]]]
 
 
+def restart_item(
+    group: PromptGroup, sample_idx: int, sampling: dict[str, Any], run_seed: int, now: float
+) -> tuple[ExportedRequest, InFlight]:
+    """A trajectory starting over from its prompt (the importing replica stamps its own version on it)."""
+    tid = group.traj_id(sample_idx)
+    params = SamplingParams(seed=sample_seed(run_seed, tid), **{**sampling, **group.meta.get("sampling", {})})
+    return ExportedRequest(tid, list(group.prompt_ids), [], [], [], params, -1), InFlight(
+        group, sample_idx, -1, now
+    )
+
+
 def plan_recovery(
     entries: list[PartialTrajectory],
     groups: dict[int, PromptGroup],

@@ -77,6 +77,11 @@ class BufferActor:
         finally:
             self.buffer.sampler = default
 
+    def samples_seen(self, group_id: int, n: int) -> list[int]:
+        """Which samples of a group the buffer has (or had): recovery restarts only the others."""
+        with self.cond:
+            return [i for i in range(n) if f"{group_id}:{i}" in self.buffer.seen]
+
     def num_ready(self) -> int:
         return self.buffer.num_ready()
 
@@ -193,5 +198,5 @@ class ReplicaActor:
     def export_requests(self, request_ids: list[str]) -> list[Any]:
         return self.replica.export_requests(request_ids)
 
-    def import_requests(self, items: list[Any]) -> list[str]:
-        return self.replica.import_requests(items)
+    def import_requests(self, items: list[Any], restart: bool = False) -> list[str]:
+        return self.replica.import_requests(items, restart=restart)

@@ -205,6 +205,7 @@ class Runtime:
             rt.manager.configure.remote(
                 rt.replicas,
                 partial_pool=rt.partial_pool,
+                buffer=rt.buffer,
                 sampling=sampling,
                 run_seed=cfg.run.seed,
                 repack=repack,

@@ -38,37 +38,65 @@ def records_of(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster, tiny_model_dir, tmp_path):
+def _slower_model(out):
+    """Wider than the shared tiny model, so a batch's tail lasts long enough for the repack loop to see it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from laminar.data.tasks import TaskCodec, save_model_dir
+
+    codec = TaskCodec()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=codec.vocab_size,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=160,
+        bos_token_id=codec.bos_id,
+        eos_token_id=codec.eos_id,
+        pad_token_id=codec.pad_id,
+    )
+    return save_model_dir(LlamaForCausalLM(config), codec, out)
+
+
+def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster, tmp_path):
     # lr ~ 0 keeps every version's weights equal, so any trajectory can be replayed on one fresh engine.
+    tiny_model_dir = _slower_model(tmp_path / "model")
     cfg = load_config(
         None,
         [
             *BASE,
             f"model.path={tiny_model_dir}",
             "task.name=lengths",
-            "task.length_median=10",
+            "task.length_median=30",  # a group's samples share a length; groups in one batch do not: tails
+            "task.length_p99_ratio=4",
+            "rollout.groups_per_batch=3",
             "rollout.max_new_tokens=100",
-            "trainer.steps=20",
+            "trainer.steps=24",
             "trainer.groups_per_step=2",
-            "rollout.groups_per_batch=2",
-            "buffer.capacity_groups=8",
+            "buffer.capacity_groups=9",
             "trainer.lr=1e-12",
-            "repack.interval_s=0.05",
-            "repack.batch_limit_b=16",
+            "repack.interval_s=0.02",
+            "repack.batch_limit_b=64",
+            "repack.kv_capacity=1.0",
             "rollout.progress_every=2",
         ],
     )
-    summary = train(cfg, tmp_path, quiet=True)
-    moved = {tid for r in records_of(tmp_path) if r["kind"] == "repack" for tid in r["ids"]}
+    out = tmp_path / "run"
+    summary = train(cfg, out, quiet=True)
+    moved = {tid for r in records_of(out) if r["kind"] == "repack" for tid in r["ids"]}
     assert summary["repacks"]["moved"] == len(moved) > 0, summary["repacks"]
     trained = {}
-    for r in records_of(tmp_path):
+    for r in records_of(out):
         if r["kind"] == "step":
             trained.update(r["traj_versions"])
     replayed = [tid for tid in moved if tid in trained]
     assert replayed, "no moved trajectory was trained"
     trajs = {}
-    for line in (tmp_path / "trajectories.jsonl").read_text().splitlines():
+    for line in (out / "trajectories.jsonl").read_text().splitlines():
         t = json.loads(line)
         trajs[t["traj_id"]] = t
     engine = Engine.from_pretrained(tiny_model_dir, max_num_seqs=16, num_kv_blocks=64)
