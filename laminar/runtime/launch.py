@@ -432,12 +432,3 @@ class Runtime:
         for actor in actors:
             if actor is not None:
                 ray.kill(actor)
-
-
-def wait_until(predicate: Any, timeout_s: float, what: str, poll_s: float = 0.05) -> None:
-    """For the few places that must observe another process's state (tests, shutdown); never for ordering."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout_s:.0f}s")
-        time.sleep(poll_s)
