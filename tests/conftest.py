@@ -39,29 +39,39 @@ def ray_cluster():
     cluster.shutdown()
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A random two-layer Llama over the reverse task's vocabulary, saved as a Hugging Face directory."""
+def task_model_dir(out: Path, hidden_size: int, layers: int, max_positions: int = 128) -> Path:
+    """A random Llama over the reverse task's vocabulary, saved as a Hugging Face directory."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from laminar.data.tasks import TaskCodec, save_tokenizer
+    from laminar.data.tasks import TaskCodec, save_model_dir
 
-    out = tmp_path_factory.mktemp("tiny-model")
     codec = TaskCodec()
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=codec.vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
+        hidden_size=hidden_size,
+        intermediate_size=3 * hidden_size,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=128,
+        max_position_embeddings=max_positions,
         bos_token_id=codec.bos_id,
         eos_token_id=codec.eos_id,
         pad_token_id=codec.pad_id,
     )
-    LlamaForCausalLM(config).save_pretrained(out)
-    save_tokenizer(codec.tokenizer, out)
-    return out
+    return save_model_dir(LlamaForCausalLM(config), codec, out)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """Two layers, hidden 32: the runtime's tests need a model, not a good one."""
+    return task_model_dir(tmp_path_factory.mktemp("tiny-model"), hidden_size=32, layers=2)
+
+
+@pytest.fixture(scope="session")
+def slower_model_dir(tmp_path_factory) -> Path:
+    """Four layers, hidden 256: a batch's tail lasts long enough for the repack loop to see it."""
+    return task_model_dir(
+        tmp_path_factory.mktemp("slower-model"), hidden_size=256, layers=4, max_positions=160
+    )

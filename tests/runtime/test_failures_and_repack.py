@@ -38,33 +38,9 @@ def records_of(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def _slower_model(out):
-    """Wider than the shared tiny model, so a batch's tail lasts long enough for the repack loop to see it."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from laminar.data.tasks import TaskCodec, save_model_dir
-
-    codec = TaskCodec()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=codec.vocab_size,
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=160,
-        bos_token_id=codec.bos_id,
-        eos_token_id=codec.eos_id,
-        pad_token_id=codec.pad_id,
-    )
-    return save_model_dir(LlamaForCausalLM(config), codec, out)
-
-
-def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster, tmp_path):
+def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster, slower_model_dir, tmp_path):
     # lr ~ 0 keeps every version's weights equal, so any trajectory can be replayed on one fresh engine.
-    tiny_model_dir = _slower_model(tmp_path / "model")
+    tiny_model_dir = slower_model_dir
     cfg = load_config(
         None,
         [
