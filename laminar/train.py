@@ -25,6 +25,9 @@ from laminar.config import Config, ConfigError, load_config
 def resolve_model(cfg: Config) -> str:
     """The configured local model, or the demo's warm-start checkpoint (made once by `laminar warmup`)."""
     if cfg.model.path:
+        from laminar.trainer.trainer import check_model_dir
+
+        check_model_dir(cfg.model.path)  # says what is missing before any actor starts
         return cfg.model.path
     demo = Path("runs/warmup")
     if not (demo / "config.json").is_file():
@@ -190,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         config, overrides = None, [config, *overrides]
     try:
         cfg = load_config(config, overrides)
-    except ConfigError as e:
+        if cfg.model.path:
+            resolve_model(cfg)
+    except (ConfigError, FileNotFoundError) as e:
         print(f"laminar train: bad configuration: {e}", file=sys.stderr)
         return 2
     if args.out:
