@@ -184,3 +184,17 @@ def test_from_pretrained_reads_a_local_hf_directory(model, tmp_path):
     for x in (e, ref):
         x.add_request("r", [5, 6, 7], PARAMS)
     assert drain(e)["r"].output_token_ids == drain(ref)["r"].output_token_ids
+
+
+def test_chunked_gumbel_argmax_draws_exactly_the_one_shot_tokens():
+    import torch
+
+    from laminar.engine.sampler import gumbel, gumbel_argmax
+
+    torch.manual_seed(0)
+    score = torch.randn(6, 10_000)
+    keys = torch.randint(0, 2**32, (6,), dtype=torch.int64)
+    greedy = torch.tensor([False, True, False, False, True, False])
+    noise = gumbel(keys, score.shape[-1]).masked_fill(greedy[:, None], 0.0)
+    expected = (score + noise).argmax(-1)
+    assert torch.equal(gumbel_argmax(score, keys, greedy, chunk=999), expected)
