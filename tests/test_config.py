@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from laminar.config import ConfigError, load_config
@@ -38,3 +40,11 @@ def test_bad_values_name_the_field_and_what_is_valid(override, names):
 def test_missing_config_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parent.parent.glob("configs/*.yaml")), ids=str)
+def test_every_shipped_config_loads(path, tiny_model_dir):
+    """The configs under configs/ are run as they are; each must load and validate (the model they name is
+    written on the machine that runs them, so a local one stands in)."""
+    cfg = load_config(path, [f"model.path={tiny_model_dir}"])
+    assert cfg.model.path == str(tiny_model_dir)

@@ -86,8 +86,20 @@ def run_variant(
         out / label, ignore_errors=True
     )  # metrics.jsonl appends: an earlier run's records would mix in
     t = time.time()
-    summary = train(cfg, out / label, quiet=True)
-    records = [json.loads(line) for line in (out / label / "metrics.jsonl").read_text().splitlines()]
+    train(cfg, out / label, quiet=True)
+    summary = collect(label, out / label)
+    print(
+        f"{label:>20}: train {summary['train_tokens_per_s']:8.1f} tok/s  gen {summary['gen_tokens_per_s']:8.1f}"
+        f" tok/s  staleness p99 {summary['staleness']['p99']:.0f}  ({time.time() - t:.0f}s)",
+        flush=True,
+    )
+    return summary
+
+
+def collect(label: str, folder: Path) -> dict[str, Any]:
+    """One variant's row of the comparison, from its run folder (`summary.json` and `metrics.jsonl`)."""
+    summary = json.loads((folder / "summary.json").read_text())
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"]
     summary["label"] = label
     summary["utilisation"] = utilisation(records, summary["wall_s"])
@@ -96,11 +108,6 @@ def run_variant(
     summary["timeline"] = [
         {k: r[k] for k in ("t", "replica", "running", "version")} for r in records if r["kind"] == "replica"
     ]
-    print(
-        f"{label:>20}: train {summary['train_tokens_per_s']:8.1f} tok/s  gen {summary['gen_tokens_per_s']:8.1f}"
-        f" tok/s  staleness p99 {summary['staleness']['p99']:.0f}  ({time.time() - t:.0f}s)",
-        flush=True,
-    )
     return summary
 
 
@@ -185,15 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/schedules-cpu")
     ap.add_argument("--only", default="", help="comma-separated labels to run (default: all)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides applied to every schedule")
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="run nothing: rebuild schedules.json/.md and the plots from the variant folders under --out "
+        "(for variants run in several calls); the meta of an existing schedules.json there is kept",
+    )
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     chosen = [v for v in VARIANTS if not args.only or v[0] in args.only.split(",")]
     overrides = list(args.overrides) if args.config else [*CPU_DEFAULTS, *args.overrides]
-    results = [
-        run_variant(label, sched, [*overrides, *extra], out, args.config) for label, sched, extra in chosen
-    ]
-    slim = [{k: v for k, v in r.items() if k not in ("timeline", "staleness_values")} for r in results]
     meta = {
         "machine": platform.node(),
         "processor": platform.processor() or platform.machine(),
@@ -202,8 +211,20 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": overrides,
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+    if args.report:
+        found = [label for label, _, _ in chosen if (out / label / "summary.json").exists()]
+        if not found:
+            raise SystemExit(f"--report: no variant folder with a summary.json under {out}")
+        results = [collect(label, out / label) for label in found]
+        if (out / "schedules.json").exists():
+            meta = json.loads((out / "schedules.json").read_text())["meta"]
+    else:
+        results = [
+            run_variant(label, sched, [*overrides, *extra], out, args.config) for label, sched, extra in chosen
+        ]
+    slim = [{k: v for k, v in r.items() if k not in ("timeline", "staleness_values")} for r in results]
     (out / "schedules.json").write_text(json.dumps({"meta": meta, "results": slim}, indent=2))
-    cmd = " ".join([*(["--config", args.config] if args.config else []), *args.overrides])
+    cmd = " ".join([*(["--config", meta["config"]] if meta["config"] else []), *meta["overrides"]])
     md = f"# Schedules on one workload\n\n`laminar bench schedules {cmd}`, {meta['when']}, on {meta['card']}\n\n"
     (out / "schedules.md").write_text(md + table(results) + "\n")
     plot(results, out)
