@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             meta = json.loads((out / "schedules.json").read_text())["meta"]
     else:
         results = [
-            run_variant(label, sched, [*overrides, *extra], out, args.config) for label, sched, extra in chosen
+            run_variant(label, sched, [*overrides, *extra], out, args.config)
+            for label, sched, extra in chosen
         ]
     slim = [{k: v for k, v in r.items() if k not in ("timeline", "staleness_values")} for r in results]
     (out / "schedules.json").write_text(json.dumps({"meta": meta, "results": slim}, indent=2))
