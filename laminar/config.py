@@ -85,6 +85,9 @@ class RepackConfig:
     interval_s: float = 0.25  # the demo's batches drain in about a second; 5 s suits GPU-sized batches
     batch_limit_b: int = 16  # B: decode batch past which throughput stops growing (laminar bench engine)
     kv_capacity: float = 0.9  # C_max as a fraction of a replica's KV blocks
+    # free only as many replicas as the dispatch rule has prompt groups for right now: packing slows the
+    # packed tails, which pays only when a freed replica starts new work at once (false: free all it can)
+    only_with_work: bool = True
 
 
 @dataclass

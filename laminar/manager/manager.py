@@ -1,8 +1,8 @@
 """The rollout manager: hands prompt groups to replicas when they ask, keeps their states, and records the
 timeline (KV use, version) that the plots and the repack planner read.
 
-What a schedule changes is only *when* a replica may have work: `Dispatch` is that decision, one small class per
-schedule in `laminar.schedules`. The manager itself is schedule-agnostic.
+What a schedule changes is only *when* a replica may have work: `Dispatch` is that decision, one small rule per
+schedule in `laminar.manager.dispatch`. The manager itself is schedule-agnostic.
 """
 
 from __future__ import annotations
@@ -17,23 +17,11 @@ from typing import Any
 import ray
 
 from laminar.data.records import PromptGroup
+from laminar.manager.dispatch import Dispatch
 from laminar.manager.recovery import plan_recovery, restart_item
 from laminar.manager.repacker import RepackStats, repack_once
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Dispatch:
-    """Laminar's rule: a replica that asks gets work at once, with whatever version it holds, as long as fewer
-    than `max_outstanding_groups` are dispatched and not yet trained on (flow control, so a fast rollout tier
-    cannot run arbitrarily far ahead of the trainer). Schedules subclass it to say when else work may start."""
-
-    groups_per_batch: int
-    max_outstanding_groups: int
-
-    def quota(self, replica_version: int, trainer_version: int, dispatched: int, consumed: int) -> int:
-        return max(0, min(self.groups_per_batch, self.max_outstanding_groups - (dispatched - consumed)))
 
 
 @dataclass
@@ -217,6 +205,9 @@ class RolloutManager:
                 snaps = await asyncio.gather(
                     *[h.snapshot.remote() for h in self.handles.values()], return_exceptions=True
                 )
+                with_work = self.dispatch.replicas_with_work(self.dispatched_groups, self.consumed_groups)
+                if cfg.get("only_with_work", True) and with_work == 0:
+                    continue  # nothing for a freed replica to do: leave the tails where they run fastest
                 events = await repack_once(
                     self.handles,
                     [s for s in snaps if isinstance(s, dict)],
@@ -224,6 +215,7 @@ class RolloutManager:
                     kv_capacity=cfg["kv_capacity"],
                     stats=self.repack_stats,
                     partial_pool=self.partial_pool,
+                    max_released=with_work if cfg.get("only_with_work", True) else None,
                 )
             except ray.exceptions.RayActorError:
                 continue  # a replica died mid-move; the watch loop recovers its work from the partial pool

@@ -52,11 +52,16 @@ async def repack_once(
     kv_capacity: float,
     stats: RepackStats,
     partial_pool: Any,
+    max_released: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One repack round; returns the events to log (one per source emptied)."""
+    """One repack round; returns the events to log (one per source emptied). `max_released` caps the replicas
+    freed (the manager passes how many it has work for)."""
     t0 = time.perf_counter()
     plan = plan_repack(
-        [load_of(s) for s in snapshots], batch_limit_b=batch_limit_b, kv_capacity_frac=kv_capacity
+        [load_of(s) for s in snapshots],
+        batch_limit_b=batch_limit_b,
+        kv_capacity_frac=kv_capacity,
+        max_released=max_released,
     )
     if not plan.moves:
         return []

@@ -200,6 +200,7 @@ class Runtime:
                 "interval_s": cfg.repack.interval_s,
                 "batch_limit_b": cfg.repack.batch_limit_b,
                 "kv_capacity": cfg.repack.kv_capacity,
+                "only_with_work": cfg.repack.only_with_work,
             }
         ray.get(
             rt.manager.configure.remote(

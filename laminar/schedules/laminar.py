@@ -9,7 +9,7 @@ publish is its only stall. The manager repacks long tails (when enabled) in the 
 from __future__ import annotations
 
 from laminar.config import Config
-from laminar.manager.manager import Dispatch
+from laminar.manager.dispatch import Dispatch
 from laminar.runtime.launch import Runtime
 
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 
 from laminar.config import Config
-from laminar.manager.manager import Dispatch
+from laminar.manager.dispatch import Dispatch, SyncDispatch
 from laminar.runtime.launch import Runtime
-from laminar.schedules.sync import SyncDispatch
 
 
 def dispatch(cfg: Config) -> Dispatch:

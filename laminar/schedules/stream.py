@@ -4,26 +4,9 @@ version once a newer one exists."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from laminar.config import Config
-from laminar.manager.manager import Dispatch
+from laminar.manager.dispatch import BoundedDispatch, Dispatch
 from laminar.runtime.launch import Runtime
-
-
-@dataclass
-class BoundedDispatch(Dispatch):
-    """Work only on the newest version, and only as far ahead as staleness k allows: a group dispatched now is
-    trained no later than k versions from now."""
-
-    groups_per_step: int = 1
-    staleness: int = 1
-
-    def quota(self, replica_version: int, trainer_version: int, dispatched: int, consumed: int) -> int:
-        if replica_version != trainer_version:
-            return 0
-        bound = (trainer_version + self.staleness + 1) * self.groups_per_step
-        return max(0, min(self.groups_per_batch, bound - dispatched))
 
 
 def dispatch(cfg: Config) -> Dispatch:

@@ -58,6 +58,7 @@ def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster,
             "repack.interval_s=0.02",
             "repack.batch_limit_b=64",
             "repack.kv_capacity=1.0",
+            "repack.only_with_work=false",  # move whenever possible: this test checks the moves
             "rollout.progress_every=2",
         ],
     )
