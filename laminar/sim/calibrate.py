@@ -44,9 +44,10 @@ def from_engine_bench(path: str | Path, base: CostModel) -> tuple[CostModel, str
     return fitted, note
 
 
-# The per-step records of the small GPU schedule runs (`metrics.jsonl` of every run, the repack ablation's too).
-GPU_RUN_RECORDS = ("results/schedules-gpu/runs", "results/schedules-gpu/repack-ablation/runs")
+# The small GPU schedule runs: every variant, 12 steps, two seeds (`results/schedules-gpu-repeats`).
+GPU_RUNS = ("results/schedules-gpu-repeats/seed0", "results/schedules-gpu-repeats/seed1")
 BASELINES = ("sync", "one_step", "stream", "partial")
+RELAY_RUNS = ("laminar", "laminar-norepack")  # the runs whose weights went publish -> relays -> pull
 
 
 def read_run_steps(path: str | Path) -> list[dict]:
@@ -59,13 +60,22 @@ def read_run_steps(path: str | Path) -> list[dict]:
     return steps[start:]
 
 
-def gpu_run_steps(roots: tuple[str, ...] = GPU_RUN_RECORDS) -> dict[str, list[dict]]:
-    """{run label: its step records}, over every run folder under `roots`."""
+def gpu_run_steps(roots: tuple[str, ...] = GPU_RUNS) -> dict[str, list[dict]]:
+    """{"<root>/<variant>": its step records}, over every run folder under `roots`."""
     out = {}
     for root in roots:
         for f in sorted(Path(root).glob("*/metrics.jsonl")):
-            out[f"{Path(root).parent.name}/{f.parent.name}"] = read_run_steps(f)
+            out[f"{Path(root).name}/{f.parent.name}"] = read_run_steps(f)
     return out
+
+
+def gpu_run_summaries(roots: tuple[str, ...] = GPU_RUNS) -> dict[str, dict]:
+    """{"<root>/<variant>": its summary.json}, over every run folder under `roots`."""
+    return {
+        f"{Path(root).name}/{f.parent.name}": json.loads(f.read_text())
+        for root in roots
+        for f in sorted(Path(root).glob("*/summary.json"))
+    }
 
 
 def fit_trainer(runs: dict[str, list[dict]], first_step: int = 2) -> dict[str, float]:
@@ -120,42 +130,46 @@ def fit_decode(rows: list[dict], bandwidth: float) -> tuple[float, float]:
 
 def from_schedule_bench(
     engine_path: str | Path,
-    schedules_path: str | Path,
     base: CostModel,
     params: float,
-    runs: dict[str, list[dict]] | None = None,
+    roots: tuple[str, ...] = GPU_RUNS,
     train_shift_s: float = 0.0,
     model: str = "qwen2.5-0.5b",
 ) -> tuple[CostModel, dict[str, str]]:
     """The cost model of the small GPU schedule benchmark, every constant that run measures taken from it.
 
     - decode: `fit_decode` on the engine benchmark's rows of the same model and card, batch <= 64 (the runs'
-      mean decode batch is 11-17);
-    - trainer: `fit_trainer` on the runs' per-step records (`runs`, default: every run under GPU_RUN_RECORDS):
-      the fixed part becomes `train_step_overhead_s` (+ `train_shift_s`, for the sensitivity columns), the
-      per-token part `train_mfu` (achieved FLOP/s = 6 x params / seconds a token, on the one trainer GPU);
+      mean decode batch is 15-24);
+    - trainer: `fit_trainer` on the per-step records of every run under `roots`: the fixed part becomes
+      `train_step_overhead_s` (+ `train_shift_s`, for the sensitivity columns), the per-token part `train_mfu`
+      (achieved FLOP/s = 6 x params / seconds a token, on the one trainer GPU);
     - weights: the baselines' global push = their mean actor stall over the measured window's steps
-      (`baseline_push_stall`; every push pauses trainer and rollouts); Laminar's publish = its mean stall over
-      the same steps; relay arrival = its mean publish-to-relay propagation; pull = the mean pull time of all
-      runs; repack = Laminar's mean overhead.
-    These are component times of the run (the weight path, the engine, the trainer), the same for every
+      (`baseline_push_stall`); Laminar's publish = the relay runs' mean stall over the same steps; relay
+      arrival = their mean publish-to-relay propagation; pull = the mean pull time of every run; repack = the
+      mean overhead of the rounds that moved something.
+    These are component times of the runs (the weight path, the engine, the trainer), the same for every
     schedule; no schedule's throughput enters the calibration.
     """
     engine = json.loads(Path(engine_path).read_text())
     run = next(r for r in engine["runs"] if r["model"] == model)
     rows = [r for r in run["engine"] if r["batch"] <= 64]
     eff, overhead = fit_decode(rows, base.gpu_hbm_bw)
-    results = {r["schedule"]: r for r in json.loads(Path(schedules_path).read_text())["results"]}
-    runs = gpu_run_steps() if runs is None else runs
+    runs = gpu_run_steps(roots)
+    summaries = gpu_run_summaries(roots)
+    relay = {k: v for k, v in summaries.items() if k.split("/")[-1] in RELAY_RUNS}
     weight_bytes = params * 2
     trainer = fit_trainer(runs)
     per_token = max(trainer["per_token_s"], 1e-9)
     achieved = base.train_flops_per_param_token * params / per_token
     push, push_early = baseline_push_stall(runs)
-    lam_stall = [r["stall_s"] for k, v in runs.items() if k.endswith("/laminar") for r in v if r["step"] >= 4]
+    lam_stall = [
+        r["stall_s"] for k, v in runs.items() if k.split("/")[-1] in RELAY_RUNS for r in v if r["step"] >= 4
+    ]
     publish = float(np.mean(lam_stall))
-    lam = results["laminar"]
-    pull = float(np.mean([r["pull_s"]["mean"] for r in results.values()]))
+    propagation = float(np.mean([s["relay_propagation_s"]["mean"] for s in relay.values()]))
+    pull = float(np.mean([s["pull_s"]["mean"] for s in summaries.values()]))
+    repack = [s["repacks"]["overhead_s"]["mean"] for s in relay.values() if s["repacks"]["count"]]
+    repack_s = float(np.mean(repack)) if repack else base.repack_overhead_s
     fixed_push = weight_bytes / base.ib_bw_per_gpu + base.collective_hop_latency_s * 1.585  # log2(3 GPUs)
     cost = replace(
         base,
@@ -165,30 +179,31 @@ def from_schedule_bench(
         train_step_overhead_s=max(0.0, trainer["fixed_s"] + train_shift_s),
         global_sync_overhead_s=max(0.0, push - fixed_push),
         publish_bw=weight_bytes / publish,
-        relay_link_bw=weight_bytes / lam["relay_propagation_s"]["mean"],
+        relay_link_bw=weight_bytes / propagation,
         pull_overhead_s=max(0.0, pull - weight_bytes / base.h2d_pinned_bw),
-        repack_overhead_s=lam["repacks"]["overhead_s"]["mean"],
+        repack_overhead_s=repack_s,
     )
     t = trainer
+    where = " and ".join(roots)
     notes = {
         "decode_mem_eff": f"{eff:.3f} of {base.gpu_hbm_bw / 1e12:.1f} TB/s: fit to {engine_path} {model}, "
         f"{len(rows)} batch sizes <= 64",
         "step_overhead_s": f"{overhead * 1e3:.2f} ms: same fit (kernel launches of a small model)",
         "train_step_overhead_s": f"{t['fixed_s']:.3f} s: fixed part of step_time_s = fixed + per_token x tokens, "
-        f"least squares over {t['n']} steps (step >= 2) of the {len(runs)} runs' metrics.jsonl under "
-        f"{' and '.join(GPU_RUN_RECORDS)} ({t['tokens_min']:,.0f}-{t['tokens_max']:,.0f} tokens a step, "
-        f"mean {t['mean_s']:.2f} s, residual sd {t['residual_sd_s']:.2f} s, correlation with tokens "
-        f"{t['corr']:.2f}; step 1 averages {t['first_step_mean_s']:.2f} s, CUDA warm-up, not modelled)",
+        f"least squares over {t['n']} steps (step >= 2) of the {len(runs)} runs' metrics.jsonl under {where} "
+        f"({t['tokens_min']:,.0f}-{t['tokens_max']:,.0f} tokens a step, mean {t['mean_s']:.2f} s, residual sd "
+        f"{t['residual_sd_s']:.2f} s, correlation with tokens {t['corr']:.2f}; step 1 averages "
+        f"{t['first_step_mean_s']:.2f} s, CUDA warm-up, not modelled)",
         "train_mfu": f"{achieved / base.gpu_flops:.3f} ({achieved / 1e12:.0f} TFLOP/s achieved): per-token part "
-        f"of the same fit, {per_token * 1e6:.1f} +- {t['per_token_se_s'] * 1e6:.1f} us a token (1 s.e.; "
-        f"the old proportional model's {3.35 / 27437 * 1e6:.0f} us a token is rejected)",
+        f"of the same fit, {per_token * 1e6:.1f} +- {t['per_token_se_s'] * 1e6:.1f} us a token (1 s.e.)",
         "global_sync_overhead_s": f"{push - fixed_push:.3f} s: mean actor stall {push:.3f} s of the four "
         f"baselines' steps >= 4 (step records' stall_s; their steps 1-3 average {push_early:.2f} s, warm-up)",
-        "publish_bw": f"{weight_bytes / publish / 1e9:.1f} GB/s: laminar's mean actor stall {publish:.3f} s "
-        f"over steps >= 4 of both laminar runs",
-        "relay_link_bw": f"{weight_bytes / lam['relay_propagation_s']['mean'] / 1e9:.2f} GB/s: laminar's mean "
-        f"relay propagation {lam['relay_propagation_s']['mean']:.3f} s",
-        "pull_overhead_s": f"{max(0.0, pull - weight_bytes / base.h2d_pinned_bw):.3f} s: mean pull {pull:.3f} s",
-        "repack_overhead_s": f"{lam['repacks']['overhead_s']['mean']:.3f} s: laminar's mean repack overhead",
+        "publish_bw": f"{weight_bytes / publish / 1e9:.1f} GB/s: mean actor stall {publish:.3f} s over steps >= 4 "
+        f"of the {len(relay)} relay runs ({', '.join(RELAY_RUNS)})",
+        "relay_link_bw": f"{weight_bytes / propagation / 1e9:.2f} GB/s: their mean relay propagation "
+        f"{propagation:.3f} s",
+        "pull_overhead_s": f"{max(0.0, pull - weight_bytes / base.h2d_pinned_bw):.3f} s: mean pull {pull:.3f} s "
+        f"over all {len(summaries)} runs",
+        "repack_overhead_s": f"{repack_s:.3f} s: mean overhead of a repack round that moved something",
     }
     return cost, notes

@@ -21,7 +21,7 @@ from laminar.sim.replica import Busy, Group, Replica, Traj
 
 
 class Schedule(Protocol):
-    staleness_bound: int | None
+    in_order: bool  # the trainer takes batch v = groups v*g .. (v+1)*g - 1 (else the oldest complete groups)
 
     def start(self) -> None: ...
     def on_traj_done(self, traj: Traj, replica: Replica) -> None: ...
@@ -56,7 +56,6 @@ class Record:
     repack_plan_s: float = 0.0
     recovered: int = 0
     restarted: int = 0
-    dropped: int = 0
     weight_updates: int = 0
     window_start: dict[str, Any] = field(default_factory=dict)
 
@@ -97,9 +96,10 @@ class Cluster:
         # prompt pool and experience buffer
         self.next_gid = 0
         self._next_tid = 0
-        self.buffer: list[tuple[int, int, Group]] = []
-        self.unconsumed: Counter = Counter()  # groups dispatched and not yet trained, by version
-        self.n_unconsumed = 0
+        self.buffer: list[tuple[int, int, Group]] = []  # complete groups, oldest version first
+        self.complete: dict[int, Group] = {}  # the same groups by id (in-order consumption)
+        self.n_unconsumed = 0  # groups dispatched and not yet trained on
+        self.consumed_groups = 0  # groups trained on, as the manager counts them (at the end of a step)
         # trainer
         self.version = 0
         self.training = False
@@ -110,7 +110,6 @@ class Cluster:
         self.audit = audit
         self.finish_count: Counter = Counter()
         self.consume_count: Counter = Counter()
-        self.drop_count: Counter = Counter()
         self.versions_seen: list[int] = []
         self.version_pushed = 0
 
@@ -154,7 +153,6 @@ class Cluster:
             length = min(length, max_len - prompt)
             group.trajs.append(Traj(self._next_tid, group, prompt, length, version, t_start=self.now))
             self._next_tid += 1
-        self.unconsumed[version] += 1
         self.n_unconsumed += 1
         return group
 
@@ -183,7 +181,9 @@ class Cluster:
         self.schedule.on_traj_done(traj, replica)
         if group.pending == 0:
             group.t_done = self.now
-            heapq.heappush(self.buffer, (group.version, group.gid, group))
+            self.complete[group.gid] = group
+            if not self.schedule.in_order:
+                heapq.heappush(self.buffer, (group.version, group.gid, group))
             self.schedule.on_group_done(group)
 
     def _on_drained(self, replica: Replica) -> None:
@@ -192,31 +192,41 @@ class Cluster:
 
     # ---- trainer -----------------------------------------------------------------------------------------
 
-    def try_train(self, *_: Any) -> bool:
-        """Start a trainer step on the oldest complete groups if a global batch is there and the staleness
-        bound (if any) allows: stepping past version v + k with a group of version v unconsumed would break it."""
+    def buffered(self) -> list[Group]:
+        """Complete groups not yet trained on."""
+        return list(self.complete.values())
+
+    def _take_batch(self) -> list[Group] | None:
+        """A global batch if the buffer holds one: batch v in dispatch order (the baselines' `rt.take` with
+        group ids), or the oldest complete groups (Laminar)."""
         g = self.cfg.groups_per_step
-        if self.training or self.now < self.trainer_free_at or len(self.buffer) < g:
-            return False
         assert self.schedule is not None
-        batch = [heapq.heappop(self.buffer) for _ in range(g)]
-        k = self.schedule.staleness_bound
-        if k is not None:
-            left = Counter(self.unconsumed)
-            left.subtract(v for v, _, _ in batch)
-            left.subtract(v for v, _, _ in self.buffer)  # complete ones: dropped below if over-stale
-            oldest = min((v for v, c in left.items() if c > 0), default=self.version + 1)
-            if oldest < self.version + 1 - k:
-                for item in batch:
-                    heapq.heappush(self.buffer, item)
-                return False
+        if self.schedule.in_order:
+            ids = range(self.version * g, (self.version + 1) * g)
+            if any(i not in self.complete for i in ids):
+                return None
+            return [self.complete.pop(i) for i in ids]
+        if len(self.complete) < g:
+            return None
+        batch = []
+        while len(batch) < g:
+            _, gid, group = heapq.heappop(self.buffer)
+            if self.complete.pop(gid, None) is not None:
+                batch.append(group)
+        return batch
+
+    def try_train(self, *_: Any) -> bool:
+        """Start a trainer step if it is free and the buffer holds its batch."""
+        if self.training or self.now < self.trainer_free_at:
+            return False
+        batch = self._take_batch()
+        if batch is None:
+            return False
         self.training = True
-        self.record.dropped += self._drop_over_stale(k)
         tokens = response = 0
-        for v, _, group in batch:
-            self.unconsumed[v] -= 1
+        for group in batch:
             self.n_unconsumed -= 1
-            self.record.staleness[self.version - v] += len(group.trajs)
+            self.record.staleness[self.version - group.version] += len(group.trajs)
             self.record.consumed += len(group.trajs)
             for t in group.trajs:
                 tokens += t.prompt + t.target
@@ -226,26 +236,12 @@ class Cluster:
         seconds = self.cost.train_s(self.spec, tokens, self.trainer_gpus)
         self.trainer_time.train += seconds
         self.train_end = self.now + seconds
-        self.at(self.now + seconds, self._trained, (tokens, response))
+        self.at(self.now + seconds, self._trained, (tokens, response, len(batch)))
         return True
 
-    def _drop_over_stale(self, k: int | None) -> int:
-        """Complete groups that missed this batch and would exceed the bound after it are dropped (counted);
-        the admission rule of the bounded schedules makes this rare."""
-        if k is None:
-            return 0
-        dropped = 0
-        while self.buffer and self.buffer[0][0] < self.version + 1 - k:
-            v, _, group = heapq.heappop(self.buffer)
-            self.unconsumed[v] -= 1
-            self.n_unconsumed -= 1
-            dropped += len(group.trajs)
-            if self.audit:
-                self.drop_count.update(t.tid for t in group.trajs)
-        return dropped
-
-    def _trained(self, arg: tuple[int, int], now: float) -> None:
+    def _trained(self, arg: tuple[int, int, int], now: float) -> None:
         self.training = False
+        self.consumed_groups += arg[2]
         self.trainer_free_at = max(self.trainer_free_at, now)
         self.version += 1
         self.versions_seen.append(self.version)
@@ -267,22 +263,6 @@ class Cluster:
         self.at(self.trainer_free_at, self.try_train)
 
     # ---- weights -----------------------------------------------------------------------------------------
-
-    def global_push(self, version: int, then: Callable[[], None] | None = None, replicas=None) -> float:
-        """The baselines' weight update: one GPU collective from the trainer to every rollout; the trainer
-        and the rollouts all pause for it. Returns its duration."""
-        seconds = self.cost.global_broadcast_s(self.spec, self.rollout_gpus)
-        self.trainer_stall(seconds)
-        for r in self.live() if replicas is None else replicas:
-            r.advance(self.now)
-            r.stall(self.now, seconds, "weights")
-            r.version = version
-            r.reschedule(self.now)
-        self.record.weight_updates += 1
-        self.version_pushed = version
-        if then is not None:
-            self.at(self.now + seconds, lambda _, now: then())
-        return seconds
 
     def pause(self, replicas: list[Replica], seconds: float, kind: str) -> None:
         for r in replicas:

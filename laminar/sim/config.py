@@ -47,6 +47,7 @@ class SimConfig:
     repack_interval_s: float = 5.0
     repack_kv_frac: float = 0.9
     repack_batch_limit: int = 0  # B; 0 = from the cost model
+    repack_only_with_work: bool = True  # free only as many replicas as have a batch waiting (the runtime's)
     relay_pinned: bool = True
     seed: int = 0
     failures: tuple[Failure, ...] = ()

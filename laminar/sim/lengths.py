@@ -34,6 +34,7 @@ class LengthConfig:
     drift_cap: float = 1.5
     empirical_path: str = ""
     num_prompts: int = 4096  # bench: rows of the length-controlled dataset (`task.num_prompts`)
+    workload_seed: int = 0  # bench: the dataset's seed (`task.seed`); the pool's order follows the run's seed
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -48,8 +49,8 @@ class LengthSampler:
     """Deterministic (prompt_len, response_lens) per group index.
 
     `kind: bench` replays the runtime's own length-controlled workload (`task.name=lengths`): the rows of
-    `laminar.data.lengths.LengthWorkload` (median, p99 ratio, cap = `max_response`, seed = `seed`) handed out
-    in the order of the real `laminar.data.prompt_pool.PromptPool` (same seed), every sample of a group the
+    `laminar.data.lengths.LengthWorkload` (median, p99 ratio, cap = `max_response`, seed = `workload_seed`)
+    handed out in the order of the real `laminar.data.prompt_pool.PromptPool` (seeded by the run), every sample of a group the
     same length (the row fixes it, end-of-sequence ignored), prompts `prompt_median` tokens, no drift. Group i
     of the simulation is then group i of a measured run.
     """
@@ -71,7 +72,7 @@ class LengthSampler:
                 median=int(cfg.median),
                 p99_ratio=cfg.p99_over_median,
                 max_len=cfg.max_response,
-                seed=self.seed,
+                seed=cfg.workload_seed,
             ).rows(cfg.num_prompts)
             self._pool = PromptPool(rows, lambda _: [0], self.n, seed=self.seed)
         while len(self._bench) <= index:

@@ -69,7 +69,6 @@ def summarise(c: Cluster, wall_s: float | None = None) -> dict[str, Any]:
         },
         "weight_updates": rec.weight_updates,
         "failures": {"recovered_trajectories": rec.recovered, "restarted_trajectories": rec.restarted},
-        "dropped_over_stale": rec.dropped,
         "trajectories": {"finished": rec.finished, "consumed": rec.consumed},
         **({"wall_s": wall_s} if wall_s is not None else {}),
     }

@@ -1,19 +1,32 @@
-"""The schedules of design section 8 on the simulated cluster, each a short class that reads like its rule.
+"""The schedules of design section 8 on the simulated cluster, as the runtime runs them.
 
-sync      generate a global batch with version v, wait for its last trajectory, train, broadcast, repeat
+Every schedule but `verl` is the runtime's own loop (`laminar.rollout.replica`): a replica whose batch has
+drained pulls the newest version its relay holds, then asks the manager for prompt groups, and the manager
+answers with the schedule's dispatch rule, the very object the runtime uses (`laminar.manager.dispatch`). What
+differs between schedules is only that rule, whether the trainer takes its batches in dispatch order, how a
+new version travels, and whether it interrupts generation:
+
+sync      SyncDispatch(ahead=0): batch v is generated with version v; the trainer takes batch v whole
+one_step  SyncDispatch(ahead=1): batch v+1 is generated with version v while batch v trains
+stream    BoundedDispatch(k): only the newest version gets work, at most k + 1 batches ahead; a replica adopts
+          a new version when its current batch ends (StreamRL-style global update)
+partial   stream, and every new version interrupts the replicas, which resume on it after a re-prefill
+laminar   Dispatch: flow control only; the trainer takes the oldest complete groups; weights go through the
+          relay chain; dynamic repack (ablations: no repack; a global push instead of relays)
 verl      sync with trainer and rollouts colocated on every GPU (switching costs instead of a broadcast)
-one_step  generate batch b+1 while training on batch b; broadcast at every step
-stream    continuous generation, staleness bound k (AReaL's admission rule); the global update waits until
-          every in-flight trajectory has ended
-partial   continuous generation, bound k; every update interrupts all trajectories and resumes them on the
-          new weights after a re-prefill (AReaL / Kimi partial rollout)
-laminar   trajectory-level asynchrony: relay chain, pulls between batches, dynamic repack (and ablations)
+
+The baselines' weight update is a global push: the trainer stalls until every rollout machine holds the new
+version (`CostModel.global_broadcast_s`; our runtime's baselines wait for every relay, and the paper's baseline
+systems broadcast GPU to GPU) and the rollouts load it between batches. Laminar's trainer stalls only for the
+publish (`publish_s`); the version reaches each machine's relay along the chain (`relay_arrival_s`) and each
+rollout pays a pull (`pull_s`) when it adopts it.
 """
 
 from __future__ import annotations
 
 import math
 
+from laminar.manager.dispatch import BoundedDispatch, Dispatch, SyncDispatch
 from laminar.manager.repack import ReplicaLoad, plan_repack
 from laminar.sim.cluster import Cluster
 from laminar.sim.replica import Group, Replica, Traj
@@ -22,7 +35,7 @@ from laminar.sim.replica import Group, Replica, Traj
 class Base:
     """Default hooks: do nothing."""
 
-    staleness_bound: int | None = None
+    in_order = False
 
     def __init__(self, cluster: Cluster) -> None:
         self.c = cluster
@@ -37,42 +50,29 @@ class Base:
     def on_failure(self, machine: int) -> None:
         self.c.global_restart()
 
-    def dispatch_batch(self) -> None:
-        """Spread one global batch of groups evenly over the live replicas."""
-        live = self.c.live()
-        g = self.cfg.groups_per_step
-        for i, r in enumerate(live):
-            self.c.dispatch(r, g // len(live) + (i < g % len(live)))
-
     def replica_groups(self, ahead_batches: float) -> int:
-        """Groups a replica takes at once: enough to fill it, but no more than its share of what may be
-        outstanding (at 1024 GPUs a global batch covers only a few sequences per replica)."""
+        """Groups a replica takes at once (`rollout.groups_per_batch`): enough to fill it, but no more than its
+        share of what may be outstanding (at 1024 GPUs a global batch covers only a few sequences a replica)."""
         fill = max(1, int(self.cfg.replica_fill * self.c.cost.max_num_seqs / self.cfg.group_size))
         share = math.ceil(ahead_batches * self.cfg.groups_per_step / max(1, len(self.c.live())))
         return max(1, min(fill, share))
 
 
-class Sync(Base):
+class Verl(Base):
+    """Colocated: every GPU generates a batch, then every GPU trains; each phase switch offloads and
+    reloads. The batch is spread evenly over the replicas."""
+
     def start(self) -> None:
         self.left = self.cfg.groups_per_step
-        self.dispatch_batch()
+        live = self.c.live()
+        g = self.cfg.groups_per_step
+        for i, r in enumerate(live):
+            self.c.dispatch(r, g // len(live) + (i < g % len(live)))
 
     def on_group_done(self, group: Group) -> None:
         self.left -= 1
         if self.left == 0:
-            self.c.try_train()
-
-    def on_trained(self, version: int) -> None:
-        self.c.global_push(version, then=self.start)
-
-
-class Verl(Sync):
-    """Colocated: every GPU generates, then every GPU trains; each phase switch offloads and reloads."""
-
-    def on_group_done(self, group: Group) -> None:
-        self.left -= 1
-        if self.left == 0:
-            self.c.trainer_stall(self.c.cost.colocate_switch_s)
+            self.c.trainer_stall(self.c.cost.colocate_switch_s)  # then trains
 
     def on_trained(self, version: int) -> None:
         seconds = self.c.cost.colocate_switch_s
@@ -82,236 +82,173 @@ class Verl(Sync):
         self.c.at(self.c.now + seconds, lambda _, now: self.start())
 
 
-class OneStep(Base):
-    def start(self) -> None:
-        self.generating = True
-        self.trainer_idle = True
-        self.left = self.cfg.groups_per_step
-        self.dispatch_batch()
+class RuntimeLoop(Base):
+    """The runtime's loop with one dispatch rule (see the module docstring)."""
 
-    def on_group_done(self, group: Group) -> None:
-        self.left -= 1
-        if self.left == 0:
-            self.generating = False
-            self._sync()
-
-    def on_trained(self, version: int) -> None:
-        self.trainer_idle = True
-        self._sync()
-
-    def _sync(self) -> None:
-        """Both sides ready: push the newest weights, generate the next batch, train on the finished one."""
-        if self.generating or not self.trainer_idle:
-            return
-        if self.c.version > self.c.replicas[0].version:
-            self.c.global_push(self.c.version)
-        self.generating, self.trainer_idle = True, False
-        self.left = self.cfg.groups_per_step
-        self.dispatch_batch()
-        self.c.try_train()
-
-
-class Continuous(Base):
-    """What stream and partial share: each replica is topped up as trajectories finish, under AReaL's
-    admission rule (no more than (v + k + 1) global batches dispatched while the rollouts run version v)."""
-
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        rule: Dispatch,
+        *,
+        in_order: bool,
+        push: bool,
+        interrupt: bool = False,
+    ) -> None:
         super().__init__(cluster)
-        self.staleness_bound = self.cfg.staleness_k
-        self.rollout_version = 0
-        self.per_replica = self.replica_groups(self.cfg.staleness_k + 1)
-
-    def quota(self) -> int:
-        limit = (self.rollout_version + self.cfg.staleness_k + 1) * self.cfg.groups_per_step
-        return limit - self.c.next_gid
-
-    def fill(self, r: Replica) -> None:
-        want = self.per_replica - (len(r.running) + len(r.waiting)) // self.cfg.group_size
-        if want > 0 and r.alive:
-            self.c.dispatch(r, min(want, self.quota()))
-
-    def fill_all(self) -> None:
-        for r in self.c.live():
-            self.fill(r)
-
-    def start(self) -> None:
-        self.fill_all()
-
-    def on_group_done(self, group: Group) -> None:
-        self.c.try_train()
-
-
-class Stream(Continuous):
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(cluster)
-        self.updating = False
-
-    def fill(self, r: Replica) -> None:
-        if not self.updating:
-            super().fill(r)
-
-    def on_traj_done(self, traj: Traj, replica: Replica) -> None:
-        if not replica.waiting:
-            self.fill(replica)
-
-    def on_drained(self, replica: Replica) -> None:
-        self.fill(replica)
-        self._maybe_update()
-
-    def on_trained(self, version: int) -> None:
-        self.c.try_train()
-        self._maybe_update()
-
-    def _maybe_update(self) -> None:
-        """Rollouts keep the old version while its quota lasts; once they have all run dry and a newer
-        version exists, one global push updates everybody (nothing is interrupted)."""
-        if self.updating or self.c.version <= self.rollout_version or self.quota() > 0:
-            return
-        if any(not r.idle for r in self.c.live()):
-            return
-        self.updating = True
-        self.c.global_push(self.c.version, then=self._resume)
-
-    def _resume(self) -> None:
-        self.updating = False
-        self.rollout_version = self.c.version_pushed
-        self.fill_all()
-
-
-class Partial(Continuous):
-    def on_traj_done(self, traj: Traj, replica: Replica) -> None:
-        if not replica.waiting:
-            self.fill(replica)
-
-    def on_drained(self, replica: Replica) -> None:
-        self.fill(replica)
-
-    def on_trained(self, version: int) -> None:
-        """Interrupt everything, broadcast, resume every trajectory on the new weights (re-prefill)."""
-        c = self.c
-        held = {r: r.take_all(c.now) for r in c.live()}
-        c.global_push(version)
-        self.rollout_version = version
-        for r, trajs in held.items():
-            for t in trajs:
-                t.versions += t.generated > 0
-            r.add(trajs, c.now)
-        self.fill_all()
-        c.try_train()
-
-
-class Laminar(Base):
-    """Each replica pulls the newest version at its relay whenever its batch ends or repack frees it."""
-
-    def __init__(self, cluster: Cluster, *, repack: bool = True, relay: bool = True) -> None:
-        super().__init__(cluster)
-        self.repack, self.relay = repack, relay
+        self.rule, self.in_order, self.push, self.interrupt = rule, in_order, push, interrupt
         self.relay_version = [0] * cluster.machines
-        self.waiting_for_quota: list[Replica] = []
-        self.per_replica = self.replica_groups(self.cfg.max_ahead_batches)
-        cost, spec = cluster.cost, cluster.spec
-        typical = self.cfg.lengths.prompt_median + self.cfg.lengths.median
-        self.batch_limit = self.cfg.repack_batch_limit or cost.batch_limit(spec, typical)
-        self.blocks_total = cost.kv_capacity_tokens(spec) // cost.kv_block_tokens
-
-    def quota(self) -> int:
-        return int(self.cfg.max_ahead_batches * self.cfg.groups_per_step) - self.c.n_unconsumed
+        self.manager_version = 0  # what the manager knows: updated when `rt.train` returns
+        self.asking: dict[int, Replica] = {}  # replicas drained and refused work, by id
 
     def start(self) -> None:
         for r in self.c.live():
-            self.refill(r)
-        if self.repack:
-            self.c.at(self.cfg.repack_interval_s, self._tick)
+            self.ask(r)
 
-    def refill(self, r: Replica) -> None:
-        """Between batches: pull the newest version here, then take a new batch of prompts if allowed."""
+    def ask(self, r: Replica) -> None:
+        """A drained replica: pull the newest version at its relay, then ask for work."""
         if not r.alive or not r.idle:
             return
         newest = self.relay_version[r.machine]
         if newest > r.version:
-            self.c.pull(r, newest)
-        groups = min(self.per_replica, self.quota())
-        if groups <= 0:
-            self.waiting_for_quota.append(r)
+            self.adopt(r, newest)
+        c = self.c
+        quota = self.rule.quota(r.version, self.manager_version, c.next_gid, c.consumed_groups)
+        if quota <= 0:
+            self.asking[r.rid] = r
             return
+        self.asking.pop(r.rid, None)
         r.peak_kv = 0.0
-        self.c.dispatch(r, groups)
+        c.dispatch(r, quota)
+
+    def adopt(self, r: Replica, version: int) -> None:
+        if self.push:  # the broadcast already put it in GPU memory
+            r.version = version
+            self.c.record.weight_updates += 1
+        else:
+            self.c.pull(r, version)
+
+    def wake(self) -> None:
+        for rid in sorted(self.asking):
+            self.ask(self.asking[rid])
 
     def on_drained(self, replica: Replica) -> None:
-        self.refill(replica)
+        self.ask(replica)
 
     def on_group_done(self, group: Group) -> None:
         self.c.try_train()
 
     def on_trained(self, version: int) -> None:
         c = self.c
-        if self.relay:
+        if self.push:
+            stall = c.cost.global_broadcast_s(c.spec, c.rollout_gpus)
+            c.trainer_stall(stall)
+            c.version_pushed = version
+            for m in range(c.machines):
+                c.at(c.now + stall, self._arrive, (m, version))
+        else:
             stall = c.cost.publish_s(c.spec)
             c.trainer_stall(stall)
             for m in range(c.machines):
                 c.at(c.now + stall + c.cost.relay_arrival_s(c.spec, m), self._arrive, (m, version))
-        else:  # ablation: a GPU-side global broadcast pauses the trainer and every rollout
-            seconds = c.cost.global_broadcast_s(c.spec, c.rollout_gpus)
-            c.trainer_stall(seconds)
-            c.pause(c.live(), seconds, "weights")
-            for m in range(c.machines):
-                c.at(c.now + seconds, self._arrive, (m, version))
-        waiting, self.waiting_for_quota = self.waiting_for_quota, []
-        for r in waiting:
-            self.refill(r)
-        if self.repack:
-            self.do_repack()
+        c.at(c.now + stall, self._updated, version)
+
+    def _updated(self, version: int, now: float) -> None:
+        """`rt.train` returned: the manager learns the new version and the groups consumed."""
+        self.manager_version = version
+        self.wake()
+        self.c.try_train()
 
     def _arrive(self, arg: tuple[int, int], now: float) -> None:
         machine, version = arg
         self.relay_version[machine] = max(self.relay_version[machine], version)
+        if self.interrupt:
+            for r in self.c.live():
+                if r.machine == machine and not r.idle and r.version < version:
+                    self._resume_on(r, version)
+        for rid in sorted(self.asking):
+            if self.asking[rid].machine == machine:
+                self.ask(self.asking[rid])
+
+    def _resume_on(self, r: Replica, version: int) -> None:
+        """Partial rollout: export everything in flight, load the new version, re-prefill and go on."""
+        held = r.take_all(self.c.now)
+        self.adopt(r, version)
+        for t in held:
+            t.versions += t.generated > 0
+        r.add(held, self.c.now)
+
+
+class Laminar(RuntimeLoop):
+    """Each replica pulls the newest version at its relay whenever its batch ends or repack frees it; the
+    repack round runs every `repack_interval_s` and right after each trainer update, as the manager's does."""
+
+    def __init__(self, cluster: Cluster, *, repack: bool = True, relay: bool = True) -> None:
+        cfg = cluster.cfg
+        per_replica = Base(cluster).replica_groups(cfg.max_ahead_batches)
+        rule = Dispatch(per_replica, int(cfg.max_ahead_batches * cfg.groups_per_step))
+        super().__init__(cluster, rule, in_order=False, push=not relay)
+        self.repack = repack
+        cost, spec = cluster.cost, cluster.spec
+        typical = cfg.lengths.prompt_median + cfg.lengths.median
+        self.batch_limit = cfg.repack_batch_limit or cost.batch_limit(spec, typical)
+        self.blocks_total = cost.kv_capacity_tokens(spec) // cost.kv_block_tokens
+
+    def start(self) -> None:
+        super().start()
+        if self.repack:
+            self.c.at(self.cfg.repack_interval_s, self._tick)
+
+    def _updated(self, version: int, now: float) -> None:
+        super()._updated(version, now)
+        if self.repack:
+            self.do_repack()
 
     def _tick(self, _: object, now: float) -> None:
         self.do_repack()
         self.c.at(now + self.cfg.repack_interval_s, self._tick)
 
     def do_repack(self) -> None:
-        """Snapshot the idle replicas, ask the project's planner, move trajectories, free the sources.
+        """Snapshot the replicas, ask the project's planner, move trajectories, free the sources.
 
-        Only when the prompt pool has a batch for a freed replica: packing tails onto fewer replicas slows
-        those tails, which pays only if the freed GPUs have new work.
+        With `repack_only_with_work` (the runtime's `repack.only_with_work`) only as many replicas are freed
+        as the dispatch rule has a batch for: packing slows the packed tails, which pays only when a freed
+        replica starts new work at once.
         """
-        if self.quota() < self.per_replica:
-            return
         c, now = self.c, self.c.now
+        max_released = None
+        if self.cfg.repack_only_with_work:
+            max_released = self.rule.replicas_with_work(c.next_gid, c.consumed_groups)
+            if max_released == 0:
+                return
         block = c.cost.kv_block_tokens
-        idle: dict[int, list[Replica]] = {}
+        loads, trajs = [], {}
         for r in c.live():
             n = len(r.running)
             if r.waiting or not n or n >= self.batch_limit:
                 continue
             r.advance(now)
-            if r.kv_used < r.peak_kv:
-                idle.setdefault(r.version, []).append(r)
-        loads, trajs = [], {}
-        for group in idle.values():
-            if len(group) < 2:
+            if r.kv_used >= r.peak_kv:
                 continue
-            for r in group:
-                requests = []
-                for t in r.running:
-                    requests.append((str(t.tid), math.ceil(r.context(t) / block)))
-                    trajs[str(t.tid)] = t
-                used = sum(b for _, b in requests)
-                peak = max(used + 1, math.ceil(r.peak_kv / block))
-                load = ReplicaLoad(
+            requests = []
+            for t in r.running:
+                requests.append((str(t.tid), math.ceil(r.context(t) / block)))
+                trajs[str(t.tid)] = t
+            used = sum(b for _, b in requests)
+            peak = max(used + 1, math.ceil(r.peak_kv / block))
+            loads.append(
+                ReplicaLoad(
                     r.rid, r.version, 0, len(requests), used, self.blocks_total, peak, tuple(requests)
                 )
-                loads.append(load)
+            )
         if len(loads) < 2:
             return
         plan = plan_repack(
             loads,
             batch_limit_b=self.batch_limit,
             kv_capacity_frac=self.cfg.repack_kv_frac,
-            max_released=self.quota() // self.per_replica,
+            max_released=max_released,
         )
-        if not plan.released:
+        if not plan.moves:
             return
         rec = c.record
         rec.repacks += 1
@@ -332,7 +269,7 @@ class Laminar(Base):
             source = c.replicas[rid]
             source.stall(now, overhead, "repack")
             source.reschedule(now)
-            self.refill(source)
+            self.ask(source)
 
     def on_failure(self, machine: int) -> None:
         """Only the dead machine's replicas stop: their trajectories continue on live replicas of the same
@@ -358,21 +295,23 @@ class Laminar(Base):
         r.alive = True
         r.t_last = max(r.t_last, now)
         r.version = -1  # a fresh process: pulls whatever its relay holds
-        self.refill(r)
+        self.ask(r)
 
 
 def make_schedule(cluster: Cluster):
-    name = cluster.cfg.schedule
-    if name == "sync":
-        return Sync(cluster)
+    cfg = cluster.cfg
+    name, g, k = cfg.schedule, cfg.groups_per_step, cfg.staleness_k
+    cap = int(cfg.max_ahead_batches * g)
+    replicas = max(1, len(cluster.live()))
     if name == "verl":
         return Verl(cluster)
-    if name == "one_step":
-        return OneStep(cluster)
-    if name == "stream":
-        return Stream(cluster)
-    if name == "partial":
-        return Partial(cluster)
+    if name in ("sync", "one_step"):  # each batch spread over all replicas, as laminar.schedules.sync does
+        rule = SyncDispatch(math.ceil(g / replicas), cap, groups_per_step=g, ahead=int(name == "one_step"))
+        return RuntimeLoop(cluster, rule, in_order=True, push=True)
+    if name in ("stream", "partial"):
+        per_replica = Base(cluster).replica_groups(k + 1)
+        rule = BoundedDispatch(per_replica, cap, groups_per_step=g, staleness=k)
+        return RuntimeLoop(cluster, rule, in_order=True, push=True, interrupt=name == "partial")
     if name == "laminar":
         return Laminar(cluster)
     if name == "laminar_no_repack":

@@ -1,13 +1,14 @@
 """Validation against our own measured schedule benchmark at small scale (issue 6: within 15% per schedule).
 
-The simulated set-up is the measured one (`configs/gpu-schedules.yaml`, results/schedules-gpu): 4 GPUs, 1
-trainer GPU + 3 rollout replicas of one GPU, Qwen2.5-0.5B shape on H200s, 8 groups x 8 samples a step, 6
-steps of which 2 warm-up, the runtime's own length workload replayed group by group (`lengths.kind: bench`),
-4 groups a replica takes at once, 24 groups (3 steps) dispatched and not trained for Laminar, staleness 2 for
-stream / partial, repack every 1 s with B = 256. The cost model is calibrated once for every schedule
-(`laminar.sim.calibrate.from_schedule_bench`); throughput is computed as the benchmark computes it
-(`laminar.telemetry.summary`: tokens of the steps after the first measured one over the time from its end to
-the last step's end).
+The simulated set-up is the measured one (`configs/gpu-schedules.yaml` with `trainer.steps=12`,
+results/schedules-gpu-repeats): 4 GPUs, 1 trainer GPU + 3 rollout replicas of one GPU, Qwen2.5-0.5B shape on
+H200s, 8 groups x 8 samples a step, 12 steps of which 2 warm-up, the runtime's own length workload replayed
+group by group in each run's order (`lengths.kind: bench`, run seed 0 and 1), 4 groups a replica takes at once,
+24 groups (3 steps) dispatched and not trained for Laminar, staleness 2 for stream / partial, repack every 1 s
+with B = 256 and, as in those runs, without the `only_with_work` gate. Every variant ran once per seed. The cost
+model is calibrated once for every schedule (`laminar.sim.calibrate.from_schedule_bench`); throughput is computed
+as the benchmark computes it (`laminar.telemetry.summary`: tokens of the steps after the first measured one over
+the time from its end to the last step's end).
 """
 
 from __future__ import annotations
@@ -16,29 +17,38 @@ import json
 from pathlib import Path
 from typing import Any
 
-from laminar.sim.calibrate import fit_trainer, from_schedule_bench, gpu_run_steps
+import numpy as np
+
+from laminar.sim.calibrate import GPU_RUNS, fit_trainer, from_schedule_bench, gpu_run_steps, gpu_run_summaries
 from laminar.sim.config import SimConfig
 from laminar.sim.cost import MODELS, CostModel
 from laminar.sim.lengths import LengthConfig
 from laminar.sim.run import simulate
 
 ENGINE = "results/engine-cuda.json"
-MEASURED = "results/schedules-gpu/schedules.json"
-ABLATION = "results/schedules-gpu/repack-ablation/schedules.json"
-SCHEDULES = ("sync", "one_step", "stream", "partial", "laminar")
-BENCH_NAMES = {"laminar_no_repack": "laminar-norepack"}
+SEEDS = (0, 1)  # run.seed of the two measured sets, GPU_RUNS in the same order
+# simulator schedule -> the benchmark's variant label
+VARIANTS = {
+    "sync": "sync",
+    "one_step": "one_step",
+    "stream": "stream",
+    "partial": "partial",
+    "laminar": "laminar",
+    "laminar_no_repack": "laminar-norepack",
+    "laminar_global_push": "laminar-globalpush",
+}
 TOLERANCE = 0.15
 
 
 def small_gpu_config(cost: CostModel | None = None, **changes: Any) -> SimConfig:
-    """`configs/gpu-schedules.yaml` as a simulator configuration (uncalibrated H200 costs if none given)."""
+    """`configs/gpu-schedules.yaml` (12 steps) as a simulator configuration (uncalibrated H200 costs if none)."""
     base = SimConfig(
         gpus=4,
         model="0.5B",
         trainer_frac=0.25,  # 1 trainer GPU, 3 rollout replicas (TP 1)
         groups_per_step=8,
         group_size=8,
-        steps=6,
+        steps=12,
         warmup_steps=2,
         staleness_k=2,  # schedule.staleness
         max_ahead_batches=3.0,  # buffer.capacity_groups = 24 = 3 global batches
@@ -46,6 +56,7 @@ def small_gpu_config(cost: CostModel | None = None, **changes: Any) -> SimConfig
         repack_interval_s=1.0,
         repack_kv_frac=0.9,
         repack_batch_limit=256,
+        repack_only_with_work=False,  # the measured runs predate the gate
         lengths=LengthConfig(
             kind="bench",
             median=256,
@@ -54,7 +65,7 @@ def small_gpu_config(cost: CostModel | None = None, **changes: Any) -> SimConfig
             prompt_median=18,
             drift_per_step=0.0,
             num_prompts=4096,
-        ),  # prompts: 18 tokens (164,624 trained tokens = 8 x sum of the 48 first groups' lengths + 18 x 384)
+        ),  # prompts: 18 tokens (the step records' tokens - response_tokens = 18 x 64)
         cost=cost or CostModel.h200(),
     )
     return base.with_(**changes)
@@ -69,72 +80,69 @@ def bench_throughput(cluster) -> float:
 
 def calibrated(train_shift_s: float = 0.0) -> tuple[CostModel, dict[str, str]]:
     cfg = small_gpu_config()
-    return from_schedule_bench(ENGINE, MEASURED, cfg.cost, MODELS["0.5B"].params, train_shift_s=train_shift_s)
-
-
-def train_band_s() -> float:
-    """The noise of a 3-step window's mean trainer step: the fit's residual sd over sqrt(3). The sensitivity
-    columns shift the fitted fixed cost by minus and plus this much."""
-    return fit_trainer(gpu_run_steps())["residual_sd_s"] / 3**0.5
+    return from_schedule_bench(ENGINE, cfg.cost, MODELS["0.5B"].params, train_shift_s=train_shift_s)
 
 
 def run_validation(out: Path) -> dict[str, Any]:
     cost, notes = calibrated()
-    band_s = train_band_s()
     steps = gpu_run_steps()
+    summaries = gpu_run_summaries()
     fit = fit_trainer(steps)
-    band = {s: calibrated(s)[0] for s in (-band_s, band_s)}
-    measured = {r["schedule"]: r for r in json.loads(Path(MEASURED).read_text())["results"]}
-    ablation = {r["label"]: r for r in json.loads(Path(ABLATION).read_text())["results"]}
+    window_sd = fit["residual_sd_s"] / 10**0.5  # the noise of a 10-step window's mean trainer step
+    band = {s: calibrated(s)[0] for s in (-window_sd, window_sd)}
     rows = []
-    for name in (*SCHEDULES, "laminar_no_repack"):
-        summary, cluster = simulate(small_gpu_config(cost, schedule=name))
-        sim = bench_throughput(cluster)
-        spread = [bench_throughput(simulate(small_gpu_config(c, schedule=name))[1]) for c in band.values()]
-        runs = []
-        if name in measured:
-            runs.append(("results/schedules-gpu", measured[name]))
-        label = BENCH_NAMES.get(name, name)
-        if label in ablation:
-            runs.append(("results/schedules-gpu/repack-ablation", ablation[label]))
-        for source, m in runs:
-            got = m["train_tokens_per_s"]
-            window = [
-                r
-                for r in steps[f"{Path(source).name}/{label}"]
-                if r["step"] > small_gpu_config().warmup_steps + 1
+    for name, label in VARIANTS.items():
+        per_seed = []
+        for seed, root in zip(SEEDS, GPU_RUNS):
+            key = f"{Path(root).name}/{label}"
+            m = summaries[key]
+            summary, cluster = simulate(small_gpu_config(cost, schedule=name, seed=seed))
+            sim = bench_throughput(cluster)
+            spread = [
+                bench_throughput(simulate(small_gpu_config(c, schedule=name, seed=seed))[1])
+                for c in band.values()
             ]
-            measured_train = sum(r["step_time_s"] for r in window) / len(window)
-            fitted_train = sum(fit["fixed_s"] + fit["per_token_s"] * r["tokens"] for r in window) / len(
-                window
-            )
-            err = sim / got - 1
-            rows.append(
+            window = [r for r in steps[key] if r["step"] > 3]
+            measured_train = float(np.mean([r["step_time_s"] for r in window]))
+            fitted_train = float(np.mean([fit["fixed_s"] + fit["per_token_s"] * r["tokens"] for r in window]))
+            got = m["train_tokens_per_s"]
+            per_seed.append(
                 {
-                    "schedule": name,
-                    "source": source,
+                    "seed": seed,
+                    "run": f"{root}/{label}",
                     "measured_train_tok_s": got,
                     "simulated_train_tok_s": round(sim, 1),
-                    "error": round(err, 4),
-                    "within_15pct": abs(err) <= TOLERANCE,
-                    "simulated_at_train_fixed_minus_plus_band": [round(x, 1) for x in spread],
+                    "error": round(sim / got - 1, 4),
+                    "simulated_at_train_fixed_minus_plus_sd": [round(x, 1) for x in spread],
                     "window_train_step_s_measured_vs_fit": [round(measured_train, 3), round(fitted_train, 3)],
-                    "measured_gen_tok_s": m["gen_tokens_per_s"],
-                    "simulated_gen_tok_s": round(summary["generation_throughput"], 1),
                     "measured_staleness_max": m["staleness"]["max"],
                     "simulated_staleness_max": summary["staleness"]["max"],
-                    "simulated_step_time_s": round(summary["step_time_s"], 3),
-                    "simulated_gpu_utilisation": round(summary["gpu_utilisation"], 3),
-                    "measured_busy": m.get("utilisation", {}).get("busy"),
-                    "simulated_trainer_time": {k: round(v, 3) for k, v in summary["trainer_time"].items()},
+                    "measured_reprefill_tokens": sum(r.get("reprefill_tokens", 0) for r in steps[key]),
+                    "simulated_reprefill_tokens": round(summary["reprefill_tokens"]),
+                    "simulated_repacks": summary["repacks"]["count"],
+                    "measured_repacks": m["repacks"]["count"],
                 }
             )
+        measured = float(np.mean([r["measured_train_tok_s"] for r in per_seed]))
+        simulated = float(np.mean([r["simulated_train_tok_s"] for r in per_seed]))
+        err = simulated / measured - 1
+        rows.append(
+            {
+                "schedule": name,
+                "variant": label,
+                "measured_train_tok_s_mean": round(measured, 1),
+                "simulated_train_tok_s_mean": round(simulated, 1),
+                "error": round(err, 4),
+                "within_15pct": abs(err) <= TOLERANCE,
+                "runs": per_seed,
+            }
+        )
     result = {
-        "setup": "configs/gpu-schedules.yaml on 4 x H200: 1 trainer GPU + 3 rollout replicas, Qwen2.5-0.5B "
-        "shape, lengths lognormal median 256 p99 10x cap 2048 (the run's own groups), 8 x 8 a step, 6 steps, "
-        "2 warm-up",
+        "setup": "configs/gpu-schedules.yaml trainer.steps=12 on 4 x H200: 1 trainer GPU + 3 rollout replicas, "
+        "Qwen2.5-0.5B shape, lengths lognormal median 256 p99 10x cap 2048 (each run's own groups), 8 x 8 a "
+        "step, 12 steps, 2 warm-up; run seeds 0 and 1",
         "calibration": notes,
-        "train_band_s": round(band_s, 3),
+        "trainer_window_sd_s": round(window_sd, 3),
         "tolerance": TOLERANCE,
         "rows": rows,
     }
@@ -145,20 +153,29 @@ def run_validation(out: Path) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     lines = [
-        "| schedule | measured run | measured train tok/s | simulated | error | within 15% "
-        f"| simulated, trainer fixed cost -/+ {result['train_band_s']:.2f} s "
-        "| trainer step in window, measured / fit | gen tok/s measured / simulated "
-        "| staleness max measured / simulated |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| schedule | measured train tok/s, seed 0 / 1 (mean) | simulated, seed 0 / 1 (mean) | error of the mean "
+        f"| within 15% | simulated mean, trainer fixed cost -/+ {result['trainer_window_sd_s']:.2f} s "
+        "| trainer step in window, measured / fit (s) | staleness max, measured / simulated "
+        "| re-prefilled tokens, measured / simulated |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        lo, hi = r["simulated_at_train_fixed_minus_plus_band"]
-        mt, ft = r["window_train_step_s_measured_vs_fit"]
+        a, b = r["runs"]
+        lo = np.mean([x["simulated_at_train_fixed_minus_plus_sd"][0] for x in r["runs"]])
+        hi = np.mean([x["simulated_at_train_fixed_minus_plus_sd"][1] for x in r["runs"]])
+        steps = " / ".join(
+            f"{x['window_train_step_s_measured_vs_fit'][0]:.2f}, {x['window_train_step_s_measured_vs_fit'][1]:.2f}"
+            for x in r["runs"]
+        )
         lines.append(
-            f"| {r['schedule']} | {r['source'].removeprefix('results/schedules-gpu').strip('/') or 'main'} "
-            f"| {r['measured_train_tok_s']:,.0f} | {r['simulated_train_tok_s']:,.0f} | {r['error']:+.1%} "
-            f"| {'yes' if r['within_15pct'] else '**no**'} | {lo:,.0f} / {hi:,.0f} "
-            f"| {mt:.2f} / {ft:.2f} s | {r['measured_gen_tok_s']:,.0f} / {r['simulated_gen_tok_s']:,.0f} "
-            f"| {r['measured_staleness_max']} / {r['simulated_staleness_max']} |"
+            f"| {r['schedule']} | {a['measured_train_tok_s']:,.0f} / {b['measured_train_tok_s']:,.0f} "
+            f"({r['measured_train_tok_s_mean']:,.0f}) "
+            f"| {a['simulated_train_tok_s']:,.0f} / {b['simulated_train_tok_s']:,.0f} "
+            f"({r['simulated_train_tok_s_mean']:,.0f}) | {r['error']:+.1%} "
+            f"| {'yes' if r['within_15pct'] else '**no**'} | {lo:,.0f} / {hi:,.0f} | {steps} "
+            f"| {max(a['measured_staleness_max'], b['measured_staleness_max'])} / "
+            f"{max(a['simulated_staleness_max'], b['simulated_staleness_max'])} "
+            f"| {a['measured_reprefill_tokens'] + b['measured_reprefill_tokens']:,} / "
+            f"{a['simulated_reprefill_tokens'] + b['simulated_reprefill_tokens']:,} |"
         )
     return "\n".join(lines)

@@ -3,12 +3,24 @@ invariants (timings are checked by `laminar simulate --validate`, not here)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from laminar.sim.calibrate import GPU_RUNS
 from laminar.sim.run import simulate
 from laminar.sim.validation import small_gpu_config
 
-MAX_STALENESS = {"sync": 0, "one_step": 1, "stream": 2, "partial": 2, "laminar": 4, "laminar_no_repack": 4}
+MAX_STALENESS = {
+    "sync": 0,
+    "one_step": 1,
+    "stream": 2,
+    "partial": 2,
+    "laminar": 5,
+    "laminar_no_repack": 5,
+    "laminar_global_push": 5,
+}
 
 
 @pytest.mark.parametrize("schedule", list(MAX_STALENESS))
@@ -22,8 +34,16 @@ def test_small_gpu_setup_completes_with_invariants(schedule: str) -> None:
     assert set(cluster.consume_count) <= set(cluster.finish_count)
     assert len(cluster.consume_count) == cfg.steps * cfg.groups_per_step * cfg.group_size
     assert summary["staleness"]["max"] <= MAX_STALENESS[schedule]
-    assert summary["dropped_over_stale"] == 0
     step_end = cluster.record.step_end
     assert step_end == sorted(step_end)
-    if schedule in ("sync", "one_step"):  # they train the pool's groups in order: the measured run's tokens
-        assert sum(cluster.record.step_tokens) == 164_624
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("schedule", ["sync", "one_step", "stream", "partial"])
+def test_in_order_schedules_train_the_measured_runs_groups(schedule: str, seed: int) -> None:
+    """The baselines take batch v in dispatch order, so every simulated step trains exactly the tokens the
+    measured run's step did: the workload replay (dataset seed, pool order by run seed) is exact."""
+    _, cluster = simulate(small_gpu_config(schedule=schedule, seed=seed))
+    run = Path(GPU_RUNS[seed]) / schedule / "metrics.jsonl"
+    measured = [r["tokens"] for r in map(json.loads, run.read_text().splitlines()) if r["kind"] == "step"]
+    assert cluster.record.step_tokens == measured
