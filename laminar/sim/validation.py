@@ -4,9 +4,9 @@ The simulated set-up is the measured one (`configs/gpu-schedules.yaml` with `tra
 results/schedules-gpu-repeats): 4 GPUs, 1 trainer GPU + 3 rollout replicas of one GPU, Qwen2.5-0.5B shape on
 H200s, 8 groups x 8 samples a step, 12 steps of which 2 warm-up, the runtime's own length workload replayed
 group by group in each run's order (`lengths.kind: bench`, run seed 0 and 1), 4 groups a replica takes at once,
-24 groups (3 steps) dispatched and not trained for Laminar, staleness 2 for stream / partial, repack every 1 s
-with B = 256 and, as in those runs, without the `only_with_work` gate. Every variant ran once per seed. The cost
-model is calibrated once for every schedule (`laminar.sim.calibrate.from_schedule_bench`); throughput is computed
+24 groups (3 steps) dispatched and not trained for Laminar, staleness 2 for stream / partial, repack with
+B = 256 every 0.25 s and, as in those runs, without the `only_with_work` gate. Every variant ran once per seed.
+The cost model is calibrated once for every schedule (`laminar.sim.calibrate.from_schedule_bench`); throughput is computed
 as the benchmark computes it (`laminar.telemetry.summary`: tokens of the steps after the first measured one over
 the time from its end to the last step's end).
 """
@@ -53,7 +53,7 @@ def small_gpu_config(cost: CostModel | None = None, **changes: Any) -> SimConfig
         staleness_k=2,  # schedule.staleness
         max_ahead_batches=3.0,  # buffer.capacity_groups = 24 = 3 global batches
         replica_fill=4 * 8 / 256,  # rollout.groups_per_batch = 4 groups of 8 of max_num_seqs = 256
-        repack_interval_s=1.0,
+        repack_interval_s=0.25,  # repack.interval_s (the default)
         repack_kv_frac=0.9,
         repack_batch_limit=256,
         repack_only_with_work=False,  # the measured runs predate the gate
