@@ -16,7 +16,7 @@ Sources of the defaults (replace them with measurements: `CostModel.from_measure
 - Efficiencies: decode reaches about 70% of HBM bandwidth and prefill about 50% of peak compute in vLLM-class
   engines; RL training with long sequences reaches about 35% MFU (FSDP2 / Megatron reports).
 - Trainer: `train_s` = fixed `train_step_overhead_s` + 6 x params x tokens / achieved FLOP/s. On our small GPU
-  run (0.5B, 1 trainer GPU) the per-step records give 2.92 s fixed and an unresolved per-token part
+  run (0.5B, 1 trainer GPU) the per-step records give 2.29 s fixed and 3.9 +- 2.6 us a token
   (`calibrate.fit_trainer`, results/sim/validation.md); the 2.0 s default is for the paper-scale models.
 - Repack overhead 0.69 s per repack (the paper's measurement); re-prefill is charged as prefill of the tokens
   a trajectory already has.

@@ -173,7 +173,7 @@ def test_repack_frees_replicas_only_when_there_is_work_for_them() -> None:
 
     assert repacks(repack_only_with_work=False) > 0
     assert repacks(repack_only_with_work=True) == 0
-    assert repacks(repack_only_with_work=True, max_ahead_batches=6.0) > 0
+    assert repacks(repack_only_with_work=True, max_ahead_batches=12.0) > 0  # the bound never binds
 
 
 def test_schedules_defining_versions() -> None:
