@@ -124,6 +124,12 @@ class Relay:
             s = self._pool.newest()
             return None if s is None else Held(s.version, s.buffer.path, s.nbytes, s.layout)
 
+    def newest_version(self) -> int | None:
+        """The newest complete version here: the cheap question a generating replica asks (no layout)."""
+        with self._cond:
+            s = self._pool.newest()
+            return None if s is None else s.version
+
     def wait_version(self, version: int, timeout: float) -> int:
         """Block until a version >= `version` is complete here; returns the version now held."""
         deadline = time.monotonic() + timeout
