@@ -1,7 +1,8 @@
 """Discrete-event cluster simulator: every schedule at 64 to 1024 GPUs over a calibrated cost model.
 
 cost.py (all constants, roofline times) -> lengths.py (workload) -> replica.py (continuous batching at
-trajectory granularity) -> cluster.py (clock, trainer, buffer, weight paths) -> schedules.py (sync, verl,
-one_step, stream, partial, laminar and ablations; Laminar calls `laminar.manager.repack.plan_repack`) ->
+trajectory granularity) -> cluster.py (clock, trainer, buffer, weight paths) -> schedules.py (the runtime's
+loop with the runtime's dispatch rules, `laminar.manager.dispatch`, for sync, one_step, stream, partial, laminar
+and its ablations, plus the colocated verl; Laminar repacks with `laminar.manager.repack.plan_repack`) ->
 metrics.py / plots.py -> experiment.py (paper grid, planner, benchmark) -> cli.py (`laminar simulate`).
 """
