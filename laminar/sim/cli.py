@@ -9,7 +9,7 @@ from pathlib import Path
 
 from laminar.sim.calibrate import from_engine_bench
 from laminar.sim.config import SCHEDULES, load_config
-from laminar.sim.cost import CostModel
+from laminar.sim.cost import MODELS, CostModel
 from laminar.sim.experiment import bench, paper_experiment, plan, run_many
 from laminar.sim.plots import plot_runs
 
@@ -49,7 +49,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print(table(run_validation(Path(args.out))))
         return 0
-    cfg = load_config(args.config, gpus=args.gpus, model=args.model, steps=args.steps)
+    model = next((m for m in MODELS if args.model and m.lower() == args.model.lower()), args.model)
+    names = SCHEDULES if args.schedule == "all" else tuple(args.schedule.split(","))
+    try:
+        cfg = load_config(args.config, gpus=args.gpus, model=model, steps=args.steps)
+        for name in names:
+            cfg.with_(schedule=name)  # every name is checked before anything runs
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"laminar simulate: {e}") from None
     cfg = cfg.with_(cost=measured_cost(cfg.cost))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -78,7 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         paper_experiment(out, cfg, workers=args.workers, **({"compare": compare} if compare else {}))
         print((out / "speedup.md").read_text())
     else:
-        names = SCHEDULES if args.schedule == "all" else tuple(args.schedule.split(","))
         summaries = run_many([cfg.with_(schedule=s) for s in names], args.workers)
         (out / "summary.json").write_text(json.dumps(summaries, indent=1))
         plot_runs(summaries, out / "schedules.png")
