@@ -86,7 +86,7 @@ def train(
     """One run. `hook(runtime, step_metrics)` runs after every step (tests use it to inject failures)."""
 
     from laminar import schedules
-    from laminar.runtime.launch import Runtime
+    from laminar.runtime.launch import Runtime, lost_trajectories
     from laminar.telemetry.plots import plot_run
     from laminar.telemetry.recorder import Recorder
     from laminar.telemetry.summary import summarize
@@ -132,9 +132,8 @@ def train(
     buf, partial = end["buffer"], end["partial"]
     generated = buf.get("added", 0)
     trained = len(rt.trained_ids)
-    dispatched = sum(len(r["groups"]) for r in recorder.of("dispatch")) * cfg.trainer.group_size
     in_buffer = buf.get("size", 0)
-    lost = dispatched - trained - in_buffer - partial["in_flight"]  # evicted ones are lost too
+    lost = lost_trajectories(end["accounting"], rt.trained_ids, cfg.trainer.group_size)
     prop = {r["version"]: r["seconds"] for r in recorder.of("propagation")}
     for r in recorder.of("publish"):
         r["propagation_s"] = prop.get(r["version"])
@@ -146,7 +145,7 @@ def train(
         trajectories={
             "generated": generated,
             "trained": trained,
-            "lost": max(lost, 0),
+            "lost": lost,
             "duplicated": rt.duplicated,
             "deduplicated_by_buffer": buf.get("duplicates", 0),
             "in_flight_at_end": partial["in_flight"],

@@ -77,6 +77,12 @@ class ExperienceBuffer:
     def __len__(self) -> int:
         return sum(len(g) for g in self.pending.values()) + sum(len(g) for g in self.ready)
 
+    def held_ids(self) -> set[str]:
+        """Trajectory ids held now (complete groups and partial ones)."""
+        return {t.traj_id for g in self.pending.values() for t in g.values()} | {
+            t.traj_id for g in self.ready for t in g
+        }
+
     def full(self) -> bool:
         return len(self) >= self.capacity
 

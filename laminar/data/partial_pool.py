@@ -111,6 +111,9 @@ class PartialPool:
     def group_ids(self) -> set[int]:
         return {e.group_id for e in self.entries.values()}
 
+    def traj_ids(self) -> set[str]:
+        return set(self.entries)
+
     def __len__(self) -> int:
         return len(self.entries)
 

@@ -96,6 +96,10 @@ class PromptPool:
         self.give_back(groups)
         return len(groups)
 
+    def queued_group_ids(self) -> list[int]:
+        """Groups issued before and waiting to be handed out again (not anybody's work right now)."""
+        return [g.group_id for g in self.returned]
+
     def stats(self) -> dict[str, int]:
         return {
             "epoch": self.epoch,

@@ -89,6 +89,10 @@ class BufferActor:
         with self.cond:
             return self.buffer.stats()
 
+    def held_ids(self) -> set[str]:
+        with self.cond:
+            return self.buffer.held_ids()
+
     def state_dict(self) -> dict[str, Any]:
         with self.cond:
             return self.buffer.state_dict()

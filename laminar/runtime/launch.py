@@ -51,6 +51,17 @@ def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
     raise ValueError(f"task.name={cfg.task.name!r}: expected 'reverse' (built in) or a .jsonl file of rows")
 
 
+def lost_trajectories(accounting: dict[str, Any], trained: set[str], group_size: int) -> int:
+    """Trajectories issued in a run's timeline (every segment, after a resume too) that are neither trained,
+    held by the buffer, in flight, nor queued to be issued again (`Runtime.stop` gathers the sets). Evicted
+    ones count as lost."""
+    queued = set(accounting["queued_groups"])
+    issued = {
+        f"{g}:{i}" for g in range(accounting["issued_groups"]) if g not in queued for i in range(group_size)
+    }
+    return len(issued - trained - accounting["held"] - accounting["in_flight"])
+
+
 def _node_of(_actor: Any) -> str:
     return ray.get_runtime_context().get_node_id()
 
@@ -343,9 +354,16 @@ class Runtime:
         self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
         ray.get([a.stop.remote() for a in self.replicas.values()], timeout=self.cfg.run.timeout_s)
         self.collect()
-        buf = ray.get(self.buffer.stats.remote(), timeout=self.cfg.run.timeout_s)
-        inflight = ray.get(self.partial_pool.stats.remote(), timeout=self.cfg.run.timeout_s)
-        return {"buffer": buf, "partial": inflight, **report}
+        t = self.cfg.run.timeout_s
+        buf = ray.get(self.buffer.stats.remote(), timeout=t)
+        inflight = ray.get(self.partial_pool.stats.remote(), timeout=t)
+        accounting = {
+            "issued_groups": ray.get(self.prompt_pool.stats.remote(), timeout=t)["issued"],
+            "queued_groups": ray.get(self.prompt_pool.queued_group_ids.remote(), timeout=t),
+            "held": ray.get(self.buffer.held_ids.remote(), timeout=t),
+            "in_flight": ray.get(self.partial_pool.traj_ids.remote(), timeout=t),
+        }
+        return {"buffer": buf, "partial": inflight, "accounting": accounting, **report}
 
     def _restart_trainer(self) -> None:
         """The trainer died: a new one loads the last checkpoint and trains again on every batch consumed since

@@ -203,7 +203,9 @@ def test_a_run_stopped_hard_and_resumed_trains_every_prompt_once(ray_cluster, ti
     assert not before & set(after), "a trajectory trained before the stop was trained again"
     groups = [tid.split(":")[0] for tid in [*before, *after]]
     assert len(set(groups)) == 6 * 2, "every step trains groups no other step trained"
-    assert summary["trajectories"]["duplicated"] == 0
+    t = summary["trajectories"]
+    assert t["duplicated"] == 0 and t["lost"] == 0, t
+    assert t["trained"] == len(before) + len(after), "the count covers both segments of the run"
 
 
 def test_a_killed_trainer_restarts_from_its_checkpoint_and_catches_up(ray_cluster, tiny_model_dir, tmp_path):
