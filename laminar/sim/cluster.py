@@ -111,7 +111,6 @@ class Cluster:
         self.finish_count: Counter = Counter()
         self.consume_count: Counter = Counter()
         self.versions_seen: list[int] = []
-        self.version_pushed = 0
 
     # ---- clock -------------------------------------------------------------------------------------------
 

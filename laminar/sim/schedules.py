@@ -142,7 +142,6 @@ class RuntimeLoop(Base):
         if self.push:
             stall = c.cost.global_broadcast_s(c.spec, c.rollout_gpus)
             c.trainer_stall(stall)
-            c.version_pushed = version
             for m in range(c.machines):
                 c.at(c.now + stall, self._arrive, (m, version))
         else:
