@@ -1,7 +1,7 @@
 """The simulated cluster: the event clock and the parts every schedule shares.
 
 Parts, as in the runtime: rollout replicas, the prompt pool (a group counter plus the length sampler), the
-experience buffer (complete groups, oldest version first), the trainer, and the weight paths (a global GPU
+experience buffer (complete groups in the order they completed), the trainer, and the weight paths (a global GPU
 broadcast for the baselines, publish + relay chain + pull for Laminar). A schedule (`laminar.sim.schedules`)
 decides who gets prompts and when weights move; the cluster does the bookkeeping and the accounting.
 """
@@ -21,7 +21,7 @@ from laminar.sim.replica import Busy, Group, Replica, Traj
 
 
 class Schedule(Protocol):
-    in_order: bool  # the trainer takes batch v = groups v*g .. (v+1)*g - 1 (else the oldest complete groups)
+    in_order: bool  # the trainer takes batch v = groups v*g .. (v+1)*g - 1 (else the first groups completed)
 
     def start(self) -> None: ...
     def on_traj_done(self, traj: Traj, replica: Replica) -> None: ...
@@ -96,8 +96,7 @@ class Cluster:
         # prompt pool and experience buffer
         self.next_gid = 0
         self._next_tid = 0
-        self.buffer: list[tuple[int, int, Group]] = []  # complete groups, oldest version first
-        self.complete: dict[int, Group] = {}  # the same groups by id (in-order consumption)
+        self.complete: dict[int, Group] = {}  # complete groups not trained on, by id, in completion order
         self.n_unconsumed = 0  # groups dispatched and not yet trained on
         self.consumed_groups = 0  # groups trained on, as the manager counts them (at the end of a step)
         # trainer
@@ -181,8 +180,6 @@ class Cluster:
         if group.pending == 0:
             group.t_done = self.now
             self.complete[group.gid] = group
-            if not self.schedule.in_order:
-                heapq.heappush(self.buffer, (group.version, group.gid, group))
             self.schedule.on_group_done(group)
 
     def _on_drained(self, replica: Replica) -> None:
@@ -197,22 +194,16 @@ class Cluster:
 
     def _take_batch(self) -> list[Group] | None:
         """A global batch if the buffer holds one: batch v in dispatch order (the baselines' `rt.take` with
-        group ids), or the oldest complete groups (Laminar)."""
+        group ids), or the first groups to complete (Laminar: the experience buffer's FIFO sampler)."""
         g = self.cfg.groups_per_step
         assert self.schedule is not None
         if self.schedule.in_order:
             ids = range(self.version * g, (self.version + 1) * g)
-            if any(i not in self.complete for i in ids):
-                return None
-            return [self.complete.pop(i) for i in ids]
-        if len(self.complete) < g:
+        else:
+            ids = list(itertools.islice(self.complete, g))
+        if len(ids) < g or any(i not in self.complete for i in ids):
             return None
-        batch = []
-        while len(batch) < g:
-            _, gid, group = heapq.heappop(self.buffer)
-            if self.complete.pop(gid, None) is not None:
-                batch.append(group)
-        return batch
+        return [self.complete.pop(i) for i in ids]
 
     def try_train(self, *_: Any) -> bool:
         """Start a trainer step if it is free and the buffer holds its batch."""

@@ -11,7 +11,7 @@ one_step  SyncDispatch(ahead=1): batch v+1 is generated with version v while bat
 stream    BoundedDispatch(k): only the newest version gets work, at most k + 1 batches ahead; a replica adopts
           a new version when its current batch ends (StreamRL-style global update)
 partial   stream, and every new version interrupts the replicas, which resume on it after a re-prefill
-laminar   Dispatch: flow control only; the trainer takes the oldest complete groups; weights go through the
+laminar   Dispatch: flow control only; the trainer takes the first groups to complete; weights go through the
           relay chain; dynamic repack (ablations: no repack; a global push instead of relays)
 verl      sync with trainer and rollouts colocated on every GPU (switching costs instead of a broadcast)
 
