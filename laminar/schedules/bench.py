@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         "card": card(),
         "config": args.config,
         "overrides": overrides,
+        "command": " ".join(
+            ["laminar bench schedules", *(["--config", args.config] if args.config else []), *args.overrides]
+        ),
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     if args.report:
@@ -225,8 +228,14 @@ def main(argv: list[str] | None = None) -> int:
         ]
     slim = [{k: v for k, v in r.items() if k not in ("timeline", "staleness_values")} for r in results]
     (out / "schedules.json").write_text(json.dumps({"meta": meta, "results": slim}, indent=2))
-    cmd = " ".join([*(["--config", meta["config"]] if meta["config"] else []), *meta["overrides"]])
-    md = f"# Schedules on one workload\n\n`laminar bench schedules {cmd}`, {meta['when']}, on {meta['card']}\n\n"
+    cmd = meta.get("command") or " ".join(  # older files: rebuilt from the config and overrides
+        [
+            "laminar bench schedules",
+            *(["--config", meta["config"]] if meta["config"] else []),
+            *meta["overrides"],
+        ]
+    )
+    md = f"# Schedules on one workload\n\n`{cmd}`, {meta['when']}, on {meta['card']}\n\n"
     (out / "schedules.md").write_text(md + table(results) + "\n")
     plot(results, out)
     print(table(results))
