@@ -10,6 +10,8 @@ from typing import Any, get_type_hints
 
 import yaml
 
+from laminar.data.experience_buffer import SAMPLERS
+
 SCHEDULES = ("sync", "one_step", "stream", "partial", "laminar")
 
 
@@ -94,6 +96,9 @@ class RepackConfig:
 class BufferConfig:
     capacity_groups: int = 32  # groups dispatched and not yet trained on, at most (flow control)
     max_staleness: int = -1  # -1 = unbounded (Laminar's default); stream/partial use schedule.staleness
+    # which complete groups the trainer takes: fifo (first completed), oldest (oldest version first: a lower
+    # staleness tail), freshest, or module:function (laminar.data.experience_buffer.Sampler)
+    sampler: str = "fifo"
 
 
 @dataclass
@@ -237,6 +242,12 @@ def validate(cfg: Config) -> None:
         "task.name",
         cfg.task.name,
         "reverse (the demo), lengths (the benchmark workload) or a .jsonl file of rows",
+    )
+    _check(
+        cfg.buffer.sampler in SAMPLERS or ":" in cfg.buffer.sampler,
+        "buffer.sampler",
+        cfg.buffer.sampler,
+        f"one of {', '.join(SAMPLERS)} or a dotted path module:function",
     )
     if cfg.task.reward:
         _check(":" in cfg.task.reward, "task.reward", cfg.task.reward, "a dotted path module:function")

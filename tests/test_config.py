@@ -28,6 +28,7 @@ def test_yaml_then_overrides(tmp_path):
         ("model.path=/does/not/exist", ["model.path", "config.json"]),
         ("trainer.group_size=1", ["trainer.group_size", "at least 2"]),
         ("rollout", ["section.field=value"]),
+        ("buffer.sampler=lifo", ["buffer.sampler", "oldest", "module:function"]),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_valid(override, names):

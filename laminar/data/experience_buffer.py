@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
@@ -26,7 +27,35 @@ def freshest(ready: list[Group], count: int, version: int) -> list[int]:
     return order[:count]
 
 
-SAMPLERS: dict[str, Sampler] = {"fifo": fifo, "freshest": freshest}
+def oldest(ready: list[Group], count: int, version: int) -> list[int]:
+    """Oldest-version groups first (ties: first completed first): a long group that completes late is trained
+    before newer ones that overtook it, which lowers the staleness tail at the same throughput."""
+    order = sorted(range(len(ready)), key=lambda i: (ready[i][0].version, i))
+    return order[:count]
+
+
+SAMPLERS: dict[str, Sampler] = {"fifo": fifo, "freshest": freshest, "oldest": oldest}
+
+
+def load_sampler(name: str) -> Sampler:
+    """A built-in sampler by name, or `module:function` (called with the ready groups, the count wanted and the
+    trainer's version; returns the indices of the groups to train on)."""
+    if name in SAMPLERS:
+        return SAMPLERS[name]
+    module_name, sep, func_name = name.partition(":")
+    if not sep or not module_name or not func_name:
+        raise ValueError(
+            f"experience buffer: sampler={name!r}: expected one of {sorted(SAMPLERS)} or 'module:function'"
+        )
+    try:
+        fn = getattr(importlib.import_module(module_name), func_name, None)
+    except ImportError as e:
+        raise ValueError(f"experience buffer: sampler={name!r}: cannot import {module_name!r} ({e})") from e
+    if not callable(fn):
+        raise ValueError(
+            f"experience buffer: sampler={name!r}: {module_name!r} has no function {func_name!r}"
+        )
+    return fn
 
 
 class BufferFull(RuntimeError):
@@ -58,11 +87,7 @@ class ExperienceBuffer:
         if overflow not in ("evict_oldest", "reject"):
             raise ValueError(f"experience buffer: overflow={overflow!r}: expected 'evict_oldest' or 'reject'")
         if isinstance(sampler, str):
-            if sampler not in SAMPLERS:
-                raise ValueError(
-                    f"experience buffer: sampler={sampler!r}: expected one of {sorted(SAMPLERS)}"
-                )
-            sampler = SAMPLERS[sampler]
+            sampler = load_sampler(sampler)
         self.group_size = group_size
         self.capacity = capacity
         self.max_staleness = max_staleness

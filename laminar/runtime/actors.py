@@ -27,9 +27,17 @@ class BufferActor:
     """The experience buffer; `take` blocks (with a timeout) until enough complete groups are ready."""
 
     def __init__(
-        self, group_size: int, capacity: int, max_staleness: int | None, prompt_pool: Any, manager: Any
+        self,
+        group_size: int,
+        capacity: int,
+        max_staleness: int | None,
+        prompt_pool: Any,
+        manager: Any,
+        sampler: str = "fifo",
     ) -> None:
-        self.buffer = ExperienceBuffer(group_size, capacity=capacity, max_staleness=max_staleness)
+        self.buffer = ExperienceBuffer(
+            group_size, capacity=capacity, max_staleness=max_staleness, sampler=sampler
+        )
         self.prompt_pool, self.manager = prompt_pool, manager
         self.cond = threading.Condition()
 
@@ -50,7 +58,8 @@ class BufferActor:
         timeout_s: float,
         group_ids: list[int] | None = None,
     ) -> list[list[Trajectory]]:
-        """`count` complete groups: the buffer's sampler (FIFO), or exactly `group_ids` (in dispatch order)."""
+        """`count` complete groups: the buffer's sampler (`buffer.sampler`), or exactly `group_ids` (in dispatch
+        order)."""
         deadline = time.monotonic() + timeout_s
         sampler = self.buffer.sampler
         if group_ids is not None:

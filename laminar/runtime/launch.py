@@ -154,6 +154,7 @@ class Runtime:
             None if cfg.buffer.max_staleness < 0 else cfg.buffer.max_staleness,
             rt.prompt_pool,
             rt.manager,
+            cfg.buffer.sampler,
         )
         grpo = GRPOConfig(
             clip_low=t.clip_low,

@@ -194,11 +194,14 @@ class Cluster:
 
     def _take_batch(self) -> list[Group] | None:
         """A global batch if the buffer holds one: batch v in dispatch order (the baselines' `rt.take` with
-        group ids), or the first groups to complete (Laminar: the experience buffer's FIFO sampler)."""
+        group ids), or what the experience buffer's sampler picks (Laminar: first completed first by default)."""
         g = self.cfg.groups_per_step
         assert self.schedule is not None
         if self.schedule.in_order:
             ids = range(self.version * g, (self.version + 1) * g)
+        elif self.cfg.sampler == "oldest":  # `buffer.sampler: oldest`: by version, then completion order
+            order = sorted(self.complete.values(), key=lambda grp: grp.version)  # stable: completion order
+            ids = [grp.gid for grp in order[:g]]
         else:
             ids = list(itertools.islice(self.complete, g))
         if len(ids) < g or any(i not in self.complete for i in ids):

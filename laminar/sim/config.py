@@ -48,6 +48,7 @@ class SimConfig:
     repack_kv_frac: float = 0.9
     repack_batch_limit: int = 0  # B; 0 = from the cost model
     repack_only_with_work: bool = True  # free only as many replicas as have a batch waiting (the runtime's)
+    sampler: str = "fifo"  # Laminar's trainer: first completed groups first, or "oldest" version first
     relay_pinned: bool = True
     seed: int = 0
     failures: tuple[Failure, ...] = ()
@@ -72,6 +73,10 @@ class SimConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be < steps={self.steps}")
+        if self.sampler not in ("fifo", "oldest"):
+            raise ValueError(
+                f"sampler={self.sampler!r}; valid: fifo, oldest (the buffer's built-in samplers)"
+            )
         if self.max_ahead_batches < 1.0:
             raise ValueError(f"max_ahead_batches={self.max_ahead_batches} must be >= 1")
 

@@ -79,6 +79,26 @@ def test_pluggable_sampler_and_mixed_versions_are_reported():
         ExperienceBuffer(group_size=1, sampler="lifo")
 
 
+def last_one(ready, count, version):
+    """A sampler for the dotted-path test: the newest arrivals."""
+    return list(range(len(ready)))[-count:]
+
+
+def test_oldest_version_first_and_samplers_by_dotted_path():
+    buf = ExperienceBuffer(group_size=1, sampler="oldest")
+    for gid, version in ((0, 3), (1, 1), (2, 2), (3, 1)):
+        buf.add(traj(gid, 0, version))
+    assert [g[0].group_id for g in buf.sample(3, version=4)] == [1, 3, 2]  # by version, then arrival
+    by_path = ExperienceBuffer(group_size=1, sampler=f"{__name__}:last_one")
+    for gid in range(3):
+        by_path.add(traj(gid, 0))
+    assert by_path.sample(1, version=0)[0][0].group_id == 2
+    with pytest.raises(ValueError, match="has no function 'nope'"):
+        ExperienceBuffer(group_size=1, sampler=f"{__name__}:nope")
+    with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
+        ExperienceBuffer(group_size=1, sampler="no_such_module:f")
+
+
 def test_state_dict_round_trip_loses_and_duplicates_nothing():
     buf = ExperienceBuffer(group_size=2)
     buf.add(traj(0, 0)), buf.add(traj(0, 1)), buf.add(traj(1, 1)), buf.add(traj(2, 0))

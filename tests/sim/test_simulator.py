@@ -187,3 +187,15 @@ def test_schedules_defining_versions() -> None:
     assert one["staleness"]["distribution"] == {"0": per_step, "1": (SMALL.steps - 1) * per_step}
     lam, _ = simulate(SMALL.with_(schedule="laminar"))
     assert lam["max_versions_per_trajectory"] == 1
+
+
+def test_oldest_version_first_sampler_lowers_the_staleness_tail() -> None:
+    """`buffer.sampler: oldest` in the simulator: the same groups are trained, the late long ones sooner."""
+    from laminar.sim.validation import calibrated, small_gpu_config
+
+    cost = calibrated()[0]
+    fifo, _ = simulate(small_gpu_config(cost, schedule="laminar"))
+    oldest, _ = simulate(small_gpu_config(cost, schedule="laminar", sampler="oldest"))
+    assert oldest["staleness"]["max"] < fifo["staleness"]["max"]
+    with pytest.raises(ValueError, match="sampler='lifo'"):
+        small_gpu_config(sampler="lifo")
