@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import copy
-import importlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 from laminar.data.records import Trajectory
+from laminar.plugin import load_function
 
 Group = list[Trajectory]
 # Picks which ready groups to train on: (ready groups oldest first, how many, trainer version) -> indices.
@@ -42,20 +42,11 @@ def load_sampler(name: str) -> Sampler:
     trainer's version; returns the indices of the groups to train on)."""
     if name in SAMPLERS:
         return SAMPLERS[name]
-    module_name, sep, func_name = name.partition(":")
-    if not sep or not module_name or not func_name:
+    if ":" not in name:
         raise ValueError(
             f"experience buffer: sampler={name!r}: expected one of {sorted(SAMPLERS)} or 'module:function'"
         )
-    try:
-        fn = getattr(importlib.import_module(module_name), func_name, None)
-    except ImportError as e:
-        raise ValueError(f"experience buffer: sampler={name!r}: cannot import {module_name!r} ({e})") from e
-    if not callable(fn):
-        raise ValueError(
-            f"experience buffer: sampler={name!r}: {module_name!r} has no function {func_name!r}"
-        )
-    return fn
+    return load_function(name, "experience buffer: sampler", "laminar.data.experience_buffer:oldest")
 
 
 class BufferFull(RuntimeError):

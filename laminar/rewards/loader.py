@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from laminar.data.records import Trajectory
+from laminar.plugin import load_function
 
 RewardFn = Callable[[str, dict[str, Any]], float]
 DEFAULT_REWARD = "laminar.rewards.reverse:reverse_reward"
@@ -19,20 +19,7 @@ class RewardLoadError(ValueError):
 
 def load_reward(path: str) -> RewardFn:
     """`package.module:function`; the function takes (response_text, row) and returns a float."""
-    module_name, sep, func_name = path.partition(":")
-    if not sep or not module_name or not func_name:
-        raise RewardLoadError(f"reward {path!r}: expected 'module:function', e.g. {DEFAULT_REWARD!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RewardLoadError(f"reward {path!r}: cannot import module {module_name!r} ({e})") from e
-    fn = getattr(module, func_name, None)
-    if not callable(fn):
-        have = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
-        raise RewardLoadError(
-            f"reward {path!r}: module {module_name!r} has no function {func_name!r} (has {have})"
-        )
-    return fn
+    return load_function(path, "reward", DEFAULT_REWARD, RewardLoadError)
 
 
 class RewardScorer:

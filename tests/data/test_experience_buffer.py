@@ -95,7 +95,7 @@ def test_oldest_version_first_and_samplers_by_dotted_path():
     assert by_path.sample(1, version=0)[0][0].group_id == 2
     with pytest.raises(ValueError, match="has no function 'nope'"):
         ExperienceBuffer(group_size=1, sampler=f"{__name__}:nope")
-    with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
+    with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
         ExperienceBuffer(group_size=1, sampler="no_such_module:f")
 
 
