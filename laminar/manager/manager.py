@@ -201,13 +201,15 @@ class RolloutManager:
             self._updated.clear()
             if self.stopped:
                 return
+            max_released = None
+            if cfg.get("only_with_work", True):
+                max_released = self.dispatch.replicas_with_work(self.dispatched_groups, self.consumed_groups)
+                if max_released == 0:
+                    continue  # nothing for a freed replica to do: leave the tails where they run fastest
             try:
                 snaps = await asyncio.gather(
                     *[h.snapshot.remote() for h in self.handles.values()], return_exceptions=True
                 )
-                with_work = self.dispatch.replicas_with_work(self.dispatched_groups, self.consumed_groups)
-                if cfg.get("only_with_work", True) and with_work == 0:
-                    continue  # nothing for a freed replica to do: leave the tails where they run fastest
                 events = await repack_once(
                     self.handles,
                     [s for s in snaps if isinstance(s, dict)],
@@ -215,7 +217,7 @@ class RolloutManager:
                     kv_capacity=cfg["kv_capacity"],
                     stats=self.repack_stats,
                     partial_pool=self.partial_pool,
-                    max_released=with_work if cfg.get("only_with_work", True) else None,
+                    max_released=max_released,
                 )
             except ray.exceptions.RayActorError:
                 continue  # a replica died mid-move; the watch loop recovers its work from the partial pool
