@@ -180,6 +180,10 @@ def plot(results: list[dict[str, Any]], out: Path) -> None:
     plt.close(fig)
 
 
+def command(config: str | None, overrides: list[str]) -> str:
+    return " ".join(["laminar bench schedules", *(["--config", config] if config else []), *overrides])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="laminar bench schedules",
@@ -209,9 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         "card": card(),
         "config": args.config,
         "overrides": overrides,
-        "command": " ".join(
-            ["laminar bench schedules", *(["--config", args.config] if args.config else []), *args.overrides]
-        ),
+        "command": command(args.config, args.overrides),
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     if args.report:
@@ -228,13 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     slim = [{k: v for k, v in r.items() if k not in ("timeline", "staleness_values")} for r in results]
     (out / "schedules.json").write_text(json.dumps({"meta": meta, "results": slim}, indent=2))
-    cmd = meta.get("command") or " ".join(  # older files: rebuilt from the config and overrides
-        [
-            "laminar bench schedules",
-            *(["--config", meta["config"]] if meta["config"] else []),
-            *meta["overrides"],
-        ]
-    )
+    cmd = meta.get("command") or command(meta["config"], meta["overrides"])  # older files have no command
     md = f"# Schedules on one workload\n\n`{cmd}`, {meta['when']}, on {meta['card']}\n\n"
     (out / "schedules.md").write_text(md + table(results) + "\n")
     plot(results, out)
