@@ -32,6 +32,15 @@ from laminar.sim.cluster import Cluster
 from laminar.sim.replica import Group, Replica, Traj
 
 
+def replica_groups(cluster: Cluster, ahead_batches: float) -> int:
+    """Groups a replica takes at once (`rollout.groups_per_batch`): enough to fill it, but no more than its
+    share of what may be outstanding (at 1024 GPUs a global batch covers only a few sequences a replica)."""
+    cfg = cluster.cfg
+    fill = max(1, int(cfg.replica_fill * cluster.cost.max_num_seqs / cfg.group_size))
+    share = math.ceil(ahead_batches * cfg.groups_per_step / max(1, len(cluster.live())))
+    return max(1, min(fill, share))
+
+
 class Base:
     """Default hooks: do nothing."""
 
@@ -49,13 +58,6 @@ class Base:
 
     def on_failure(self, machine: int) -> None:
         self.c.global_restart()
-
-    def replica_groups(self, ahead_batches: float) -> int:
-        """Groups a replica takes at once (`rollout.groups_per_batch`): enough to fill it, but no more than its
-        share of what may be outstanding (at 1024 GPUs a global batch covers only a few sequences a replica)."""
-        fill = max(1, int(self.cfg.replica_fill * self.c.cost.max_num_seqs / self.cfg.group_size))
-        share = math.ceil(ahead_batches * self.cfg.groups_per_step / max(1, len(self.c.live())))
-        return max(1, min(fill, share))
 
 
 class Verl(Base):
@@ -183,7 +185,7 @@ class Laminar(RuntimeLoop):
 
     def __init__(self, cluster: Cluster, *, repack: bool = True, relay: bool = True) -> None:
         cfg = cluster.cfg
-        per_replica = Base(cluster).replica_groups(cfg.max_ahead_batches)
+        per_replica = replica_groups(cluster, cfg.max_ahead_batches)
         rule = Dispatch(per_replica, int(cfg.max_ahead_batches * cfg.groups_per_step))
         super().__init__(cluster, rule, in_order=False, push=not relay)
         self.repack = repack
@@ -308,7 +310,7 @@ def make_schedule(cluster: Cluster):
         rule = SyncDispatch(math.ceil(g / replicas), cap, groups_per_step=g, ahead=int(name == "one_step"))
         return RuntimeLoop(cluster, rule, in_order=True, push=True)
     if name in ("stream", "partial"):
-        per_replica = Base(cluster).replica_groups(k + 1)
+        per_replica = replica_groups(cluster, k + 1)
         rule = BoundedDispatch(per_replica, cap, groups_per_step=g, staleness=k)
         return RuntimeLoop(cluster, rule, in_order=True, push=True, interrupt=name == "partial")
     if name == "laminar":
