@@ -86,18 +86,21 @@ def train(
     """One run. `hook(runtime, step_metrics)` runs after every step (tests use it to inject failures)."""
 
     from laminar import schedules
-    from laminar.runtime.launch import Runtime, lost_trajectories
+    from laminar.runtime.launch import RUNTIME_STATE, Runtime, lost_trajectories
     from laminar.telemetry.plots import plot_run
     from laminar.telemetry.recorder import Recorder
     from laminar.telemetry.summary import summarize
+    from laminar.trainer.state_files import verify_checkpoint
 
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint"
-    if resume and not (ckpt / "runtime_state.pkl").is_file():
+    if resume and not (ckpt / RUNTIME_STATE).is_file():
         raise FileNotFoundError(
-            f"cannot resume {out}: it has no checkpoint/runtime_state.pkl (a run folder of "
+            f"cannot resume {out}: it has no checkpoint/{RUNTIME_STATE} (a run folder of "
             "`laminar train` that reached its first checkpoint)"
         )
+    if resume:  # every checkpoint file parses (as data, never as code) before any actor starts
+        verify_checkpoint(ckpt, RUNTIME_STATE)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     model_path = resolve_model(cfg)
     start_ray(cfg)
@@ -197,6 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as e:
         print(f"laminar train: bad configuration: {e}", file=sys.stderr)
         return 2
+    if args.resume:
+        from laminar.runtime.launch import RUNTIME_STATE
+        from laminar.trainer.state_files import CheckpointError, verify_checkpoint
+
+        try:
+            verify_checkpoint(Path(args.resume) / "checkpoint", RUNTIME_STATE)
+        except CheckpointError as e:
+            print(f"laminar train: cannot resume: {e}", file=sys.stderr)
+            return 2
     if args.out:
         cfg.run.out = args.out
     summary = train(cfg, Path(cfg.run.out), resume=bool(args.resume))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -11,10 +10,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from laminar.data.records import Trajectory
 from laminar.trainer.grpo import GRPOConfig, group_advantages, grpo_loss, token_logprobs
+from laminar.trainer.state_files import CheckpointError, load_trainer_state, save_trainer_state
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -269,31 +270,23 @@ class Trainer:
         np.random.set_state(state["rng"]["numpy"])
 
     def save_checkpoint(self, out: str | Path) -> Path:
-        """`out` becomes a loadable HF model dir (config, safetensors) plus optimizer, RNG and step."""
+        """`out` becomes a loadable HF model dir (config, safetensors) plus optimizer, RNG and step, with no
+        pickle anywhere (see `state_files`)."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out)
         state = self.state_dict()
-        torch.save({"optimizer": state["optimizer"], "rng": state["rng"]}, out / "trainer_state.pt")
         meta = {"version": self.version, "config": asdict(self.cfg)}
-        (out / "trainer_state.json").write_text(json.dumps(meta, indent=2, default=str))
+        save_trainer_state(out, state["optimizer"], state["rng"], meta)
         return out
 
     def load_checkpoint(self, path: str | Path) -> None:
         path = check_model_dir(path)
-        for name in ("trainer_state.pt", "trainer_state.json"):
-            if not (path / name).is_file():
-                raise ModelPathError(
-                    f"checkpoint {path} has no {name}; it is a model dir, not a trainer checkpoint"
-                )
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        extra = torch.load(path / "trainer_state.pt", weights_only=False)
-        meta = json.loads((path / "trainer_state.json").read_text())
+        optimizer, rng, meta = load_trainer_state(path)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
+        except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+            raise CheckpointError(f"{path / 'model.safetensors'}: the weights do not load ({e})") from e
         self.load_state_dict(
-            {
-                "model": model.state_dict(),
-                "optimizer": extra["optimizer"],
-                "version": meta["version"],
-                "rng": extra["rng"],
-            }
+            {"model": model.state_dict(), "optimizer": optimizer, "version": meta["version"], "rng": rng}
         )

@@ -56,7 +56,9 @@ def test_run_folder_has_everything(laminar_run):
         "staleness.png",
         "replicas.png",
         "checkpoint/config.json",
-        "checkpoint/trainer_state.pt",
+        "checkpoint/trainer_state.safetensors",
+        "checkpoint/trainer_state.json",
+        "checkpoint/runtime_state.json",
     ):
         assert (out / name).exists(), name
     for key in (
@@ -105,3 +107,35 @@ def test_versions_on_each_replica_never_go_back_and_staleness_is_recorded(lamina
     assert summary["staleness"]["max"] >= 0 and "p99" in summary["staleness"]
     # weights did travel: replicas pulled newer versions from their relays
     assert summary["pulls"] >= 1
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("victim", ["runtime_state.json", "trainer_state.safetensors"])
+def test_resume_from_a_checkpoint_file_replaced_by_a_pickle_runs_nothing(
+    laminar_run, tmp_path, victim, capsys
+):
+    import pickle
+    import shutil
+
+    from laminar.train import main
+
+    out, _, _ = laminar_run
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    config_before = (run / "config.yaml").read_text()
+    marker = tmp_path / "pwned"
+    (run / "checkpoint" / victim).write_bytes(pickle.dumps(_RunsCode(marker)))
+    assert main(["--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and victim in err[0], err
+    assert not marker.exists()
+    assert (run / "config.yaml").read_text() == config_before

@@ -181,7 +181,7 @@ def test_a_run_stopped_hard_and_resumed_trains_every_prompt_once(ray_cluster, ti
                 if (tmp_path / "metrics.jsonl").exists()
                 else []
             )
-            if len(done) >= 3 and (tmp_path / "checkpoint" / "runtime_state.pkl").exists():
+            if len(done) >= 3 and (tmp_path / "checkpoint" / "runtime_state.json").exists():
                 break
             assert proc.poll() is None, "the first run ended early"
             time.sleep(0.2)
@@ -190,9 +190,7 @@ def test_a_run_stopped_hard_and_resumed_trains_every_prompt_once(ray_cluster, ti
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-    import pickle
-
-    state = pickle.loads((tmp_path / "checkpoint" / "runtime_state.pkl").read_bytes())
+    state = json.loads((tmp_path / "checkpoint" / "runtime_state.json").read_text())
     before = set(state["trained_ids"])
     at = state["version"]
     cfg = load_config(tmp_path / "config.yaml", ["trainer.steps=6", "run.ray_address="])
