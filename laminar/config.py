@@ -30,6 +30,7 @@ class ModelConfig:
 class TaskConfig:
     name: str = "reverse"  # reverse (the demo) | lengths (benchmarks) | a JSONL path
     reward: str = ""  # dotted path module:function; empty = the task's own reward
+    reward_timeout_s: float = 30.0  # a reward call that runs longer scores 0 and is counted as a reward error
     num_prompts: int = 4096
     seed: int = 0
     # the `lengths` workload (benchmarks): response lengths fixed per prompt, end-of-sequence ignored
@@ -54,6 +55,7 @@ class RolloutConfig:
     progress_every: int = 8  # engine steps between progress reports to the partial response pool
     heartbeat_s: float = 1.0
     dead_after_s: float = 15.0  # a replica or relay that does not answer for this long is replaced
+    max_failures_in_a_row: int = 3  # replica loops raising the same error this often stop the run with it
 
 
 @dataclass
@@ -73,6 +75,7 @@ class TrainerConfig:
     num_gpus: float = 0.0
     checkpoint_every: int = 20
     warmup_steps: int = 2  # steps excluded from the throughput window
+    max_nonfinite_steps: int = 3  # non-finite loss or gradient: steps skipped in a row before the run stops
 
 
 @dataclass
@@ -252,6 +255,12 @@ def validate(cfg: Config) -> None:
     if cfg.task.reward:
         _check(":" in cfg.task.reward, "task.reward", cfg.task.reward, "a dotted path module:function")
     _check(cfg.task.num_prompts >= 1, "task.num_prompts", cfg.task.num_prompts, "at least 1")
+    _check(
+        cfg.task.reward_timeout_s > 0,
+        "task.reward_timeout_s",
+        cfg.task.reward_timeout_s,
+        "a positive number of seconds",
+    )
     _check(cfg.task.length_median >= 1, "task.length_median", cfg.task.length_median, "at least 1 token")
     _check(cfg.task.length_p99_ratio >= 1, "task.length_p99_ratio", cfg.task.length_p99_ratio, "at least 1")
     r, t = cfg.rollout, cfg.trainer
@@ -268,6 +277,9 @@ def validate(cfg: Config) -> None:
     _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1]")
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", r.max_new_tokens, "at least 1")
     _check(r.num_cpus > 0, "rollout.num_cpus", r.num_cpus, "a positive number of CPUs")
+    _check(
+        r.max_failures_in_a_row >= 1, "rollout.max_failures_in_a_row", r.max_failures_in_a_row, "at least 1"
+    )
     _check(t.steps >= 1, "trainer.steps", t.steps, "at least 1")
     _check(t.groups_per_step >= 1, "trainer.groups_per_step", t.groups_per_step, "at least 1")
     _check(
@@ -278,6 +290,7 @@ def validate(cfg: Config) -> None:
     _check(t.clip_high >= 0, "trainer.clip_high", t.clip_high, "non-negative")
     _check(t.correction in ("none", "tis", "mis"), "trainer.correction", t.correction, "none, tis or mis")
     _check(t.micro_batch >= 1, "trainer.micro_batch", t.micro_batch, "at least 1")
+    _check(t.max_nonfinite_steps >= 1, "trainer.max_nonfinite_steps", t.max_nonfinite_steps, "at least 1")
     _check(cfg.relay.chunk_mb > 0, "relay.chunk_mb", cfg.relay.chunk_mb, "a positive size in MB")
     _check(cfg.relay.slots >= 2, "relay.slots", cfg.relay.slots, "at least 2 (one complete, one arriving)")
     _check(

@@ -54,4 +54,9 @@ def load_jsonl(path: str | Path, required: dict[str, type] | None = None) -> lis
         except json.JSONDecodeError as e:
             raise DatasetError(f"{path} row {i}: not valid JSON ({e.msg} at column {e.colno})") from e
         rows.append(validate_row(row, i, required, source=str(path)))
+    if not rows:
+        raise DatasetError(
+            f"dataset {path} has no rows (the file is empty or blank); expected one JSON object per line, "
+            f"each with the fields {sorted(REQUIRED_FIELDS if required is None else required)}"
+        )
     return rows

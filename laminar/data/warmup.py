@@ -29,6 +29,15 @@ class WarmupConfig:
     threads: int = 2
 
 
+def default_warmup_dir() -> Path:
+    """Where the demo's warm start is kept: `runs/warmup` in the source checkout laminar runs from (found from
+    this file, not the working directory), else the user's cache when laminar is installed as a package."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "laminar").is_dir():
+        return root / "runs" / "warmup"
+    return Path.home() / ".cache" / "laminar" / "warmup"
+
+
 def build_demo_model(
     vocab_size: int, cfg: WarmupConfig, codec: TaskCodec, max_positions: int = 128
 ) -> LlamaForCausalLM:
@@ -110,7 +119,11 @@ def warmup(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="laminar warmup", description=__doc__)
-    ap.add_argument("--out", default="runs/warmup", help="directory for the HF model (default: runs/warmup)")
+    ap.add_argument(
+        "--out",
+        default=str(default_warmup_dir()),
+        help=f"directory for the HF model (default: {default_warmup_dir()}, where `laminar train` looks for it)",
+    )
     ap.add_argument("--steps", type=int, default=WarmupConfig.steps)
     ap.add_argument("--seed", type=int, default=WarmupConfig.seed)
     args = ap.parse_args(argv)

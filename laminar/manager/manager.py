@@ -24,6 +24,15 @@ from laminar.manager.repacker import RepackStats, repack_once
 log = logging.getLogger(__name__)
 
 
+class RolloutFailure(RuntimeError):
+    """Replicas keep failing the same way: replacing them again would only fail again."""
+
+
+def repeated_failure(signatures: list[str], in_a_row: int) -> bool:
+    """True when the last `in_a_row` replica errors are the same error (`describe_error`'s signature)."""
+    return len(signatures) >= in_a_row and len(set(signatures[-in_a_row:])) == 1
+
+
 @dataclass
 class ReplicaState:
     replica: int
@@ -60,6 +69,9 @@ class RolloutManager:
             "restarted_trajectories": 0,
         }
         self._tasks: list[asyncio.Task] = []
+        self.error_signatures: list[str] = []  # every replica error, in the order seen
+        self.max_failures_in_a_row = 3
+        self.fatal: str | None = None  # why the run must stop; the driver asks (`fatal_error`)
 
     def configure(
         self,
@@ -78,6 +90,7 @@ class RolloutManager:
         heartbeat_s: float,
         dead_after_s: float,
         timeout_s: float,
+        max_failures_in_a_row: int = 3,
     ) -> None:
         """What the background loops need: the replicas and relays, and how to make new ones."""
         self.handles = dict(handles)
@@ -95,6 +108,7 @@ class RolloutManager:
         )
         self.master_node = master_node
         self.heartbeat_s, self.dead_after_s, self.timeout_s = heartbeat_s, dead_after_s, timeout_s
+        self.max_failures_in_a_row = max_failures_in_a_row
 
     async def start_background(self) -> None:
         loop = asyncio.get_running_loop()
@@ -143,7 +157,12 @@ class RolloutManager:
     def heartbeat(self, snapshot: dict[str, Any], t: float) -> None:
         state = self.replicas.setdefault(snapshot["replica"], ReplicaState(snapshot["replica"]))
         state.snapshot, state.last_beat = snapshot, t
-        row = {k: v for k, v in snapshot.items() if k not in ("inflight", "error")}
+        for err in snapshot.get("reward_errors", ()):
+            self.events.append(
+                {"kind": "reward_error", "t": t - self.t0, "replica": snapshot["replica"], **err}
+            )
+        skip = ("inflight", "error", "error_line", "error_kind", "reward_errors")
+        row = {k: v for k, v in snapshot.items() if k not in skip}
         row["t"] = t - self.t0
         row["busy"] = snapshot["running"] + snapshot["waiting"] > 0
         self.timeline.append(row)
@@ -181,6 +200,9 @@ class RolloutManager:
             "replicas": sorted(self.handles),
             "relays": len(self.relays),
         }
+
+    def fatal_error(self) -> str | None:
+        return self.fatal
 
     def live_replicas(self) -> dict[int, Any]:
         return dict(self.handles)
@@ -230,13 +252,24 @@ class RolloutManager:
 
     # ---- failures ----------------------------------------------------------------------------------------
     async def _watch_loop(self) -> None:
-        """Heartbeats by asking: a replica or relay that does not answer within `dead_after_s` is dead."""
-        while not self.stopped:
+        """Heartbeats by asking: a replica or relay that does not answer within `dead_after_s` is dead, and so is
+        a replica whose generation loop raised (it still answers). The same loop error `max_failures_in_a_row`
+        times in a row stops replacing: the run ends with that error (`fatal_error`)."""
+        while not self.stopped and self.fatal is None:
             await asyncio.sleep(self.heartbeat_s)  # the watch period, not a synchronisation
             try:
+                dead = []
                 for rid, handle in list(self.handles.items()):
-                    if not await self._answers(handle.snapshot.remote()):
-                        await self._replace_replica(rid)
+                    snapshot = await self._snapshot_of(handle)
+                    if snapshot is None:
+                        dead.append(rid)
+                    elif snapshot.get("error"):
+                        self._replica_error(snapshot)
+                        dead.append(rid)
+                if self.fatal is not None:
+                    return
+                for rid in dead:
+                    await self._replace_replica(rid)
                 for relay in list(self.relays):
                     if not await self._answers(relay.ping.remote()):
                         await self._replace_relay(relay)
@@ -250,6 +283,37 @@ class RolloutManager:
                         "where": traceback.format_exc(limit=-3),
                     }
                 )
+
+    async def _snapshot_of(self, handle: Any) -> dict[str, Any] | None:
+        """A replica's snapshot; None if it does not answer in time ({} if it answered with an error)."""
+        try:
+            return await asyncio.wait_for(handle.snapshot.remote(), self.dead_after_s)
+        except (ray.exceptions.RayActorError, TimeoutError):
+            return None
+        except ray.exceptions.RayTaskError:
+            return {}
+
+    def _replica_error(self, snapshot: dict[str, Any]) -> None:
+        """Log a dead loop's traceback; the same error `max_failures_in_a_row` times in a row is fatal."""
+        line, rid = snapshot.get("error_line") or "unknown error", snapshot["replica"]
+        self.events.append(
+            {
+                "kind": "replica_error",
+                "t": time.time() - self.t0,
+                "replica": rid,
+                "error": line,
+                "error_kind": snapshot.get("error_kind", ""),
+                "traceback": snapshot["error"],
+            }
+        )
+        self.error_signatures.append(snapshot.get("error_kind") or line)
+        n = self.max_failures_in_a_row
+        if repeated_failure(self.error_signatures, n):
+            self.fatal = (
+                f"rollout replicas failed {n} times in a row with the same error, last replica {rid}: {line} "
+                "(tracebacks in metrics.jsonl, kind replica_error)"
+            )
+            self._changed.set()
 
     async def _answers(self, ref: Any) -> bool:
         try:
@@ -291,7 +355,7 @@ class RolloutManager:
         snaps = await asyncio.gather(
             *[h.snapshot.remote() for h in self.handles.values()], return_exceptions=True
         )
-        live = {s["replica"]: s["version"] for s in snaps if isinstance(s, dict)}
+        live = {s["replica"]: s["version"] for s in snaps if isinstance(s, dict) and not s.get("error")}
         if not live:
             raise RuntimeError(f"replica {dead} died and no live replica is left to take its work")
         groups = dict(self.replicas[dead].groups) if dead in self.replicas else {}

@@ -1,7 +1,15 @@
-"""Reward functions plug in by dotted path (`module:function`) and never lose a trajectory when they fail."""
+"""Reward functions plug in by dotted path (`module:function`) and never lose a trajectory when they fail.
+
+Only a finite number reaches the trainer: a reward function that raises, runs past its timeout or returns
+anything but a finite real number (a string, None, NaN, inf) scores 0.0, and the failure is kept as a small
+record (trajectory, row, kind, message) that the replica reports and the run logs and counts."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import math
+import numbers
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +19,8 @@ from laminar.plugin import load_function
 
 RewardFn = Callable[[str, dict[str, Any]], float]
 DEFAULT_REWARD = "laminar.rewards.reverse:reverse_reward"
+# why a reward became 0.0: the function raised, ran too long, returned a non-number, returned NaN or inf
+ERROR_KINDS = ("raised", "timeout", "not_a_number", "not_finite")
 
 
 class RewardLoadError(ValueError):
@@ -22,31 +32,91 @@ def load_reward(path: str) -> RewardFn:
     return load_function(path, "reward", DEFAULT_REWARD, RewardLoadError)
 
 
-class RewardScorer:
-    """Scores trajectories; a reward function that raises gives 0.0, records why on the trajectory and counts it,
-    so one bad row never kills a rollout or drops a group."""
+def check_reward(value: Any) -> tuple[float, str | None, str]:
+    """(reward, error kind or None, message): a finite real number passes as a float, anything else is 0.0."""
+    if isinstance(value, numbers.Real):  # int, float, bool, numpy scalars; not str, None or a tensor
+        reward = float(value)
+        if math.isfinite(reward):
+            return reward, None, ""
+        return 0.0, "not_finite", f"returned {reward!r}; a reward must be a finite number"
+    return (
+        0.0,
+        "not_a_number",
+        f"returned {type(value).__name__} {value!r:.80}; a reward must be a finite number",
+    )
 
-    def __init__(self, fn: RewardFn | str, decode: Callable[[list[int]], str]) -> None:
+
+class RewardScorer:
+    """Scores trajectories. A failure gives 0.0, is noted on the trajectory (`meta["reward_error"]`) and queued
+    for the replica's next report (`drain_errors`), so one bad row never kills a rollout or drops a group.
+
+    With `timeout_s`, the function runs on a helper thread; a call that runs past it is abandoned (Python cannot
+    stop a thread) and later calls go to a fresh thread."""
+
+    def __init__(
+        self, fn: RewardFn | str, decode: Callable[[list[int]], str], timeout_s: float | None = None
+    ) -> None:
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"reward timeout_s={timeout_s}: must be > 0 (or None for no limit)")
         self.fn = load_reward(fn) if isinstance(fn, str) else fn
         self.name = fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}"
         self.decode = decode
+        self.timeout_s = timeout_s
         self.errors = 0
         self.scored = 0
+        self.pending: list[dict[str, Any]] = []  # failures not yet reported
+        self._lock = threading.Lock()  # scoring and reporting run on different threads
+        self._pool: cf.ThreadPoolExecutor | None = None
 
     def score(self, traj: Trajectory, row: dict[str, Any]) -> float:
         self.scored += 1
-        try:
-            reward = float(self.fn(self.decode(traj.response_ids), row))
-        except Exception as e:  # noqa: BLE001 - any failure in user code is recorded, not raised
+        reward, kind, message = self._call(self.decode(traj.response_ids), row)
+        if kind is not None:
             self.errors += 1
             where = row.get("row", traj.group_id)
             traj.meta["reward_error"] = (
-                f"reward function {self.name} failed on row {where} (trajectory {traj.traj_id}): "
-                f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+                f"reward function {self.name} on row {where} (trajectory {traj.traj_id}): {message}"
             )
-            reward = 0.0
+            error = {
+                "traj_id": traj.traj_id,
+                "row": where,
+                "error_kind": kind,
+                "error": message.splitlines()[0],
+            }
+            with self._lock:
+                self.pending.append(error)
         traj.reward = reward
         return reward
+
+    def _call(self, text: str, row: dict[str, Any]) -> tuple[float, str | None, str]:
+        try:
+            if self.timeout_s is None:
+                value = self.fn(text, row)
+            else:
+                if self._pool is None:
+                    self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+                future = self._pool.submit(self.fn, text, row)
+                try:
+                    value = future.result(timeout=self.timeout_s)
+                except cf.TimeoutError:
+                    self._pool.shutdown(
+                        wait=False
+                    )  # the hung call keeps its thread; the next call gets a new one
+                    self._pool = None
+                    return (
+                        0.0,
+                        "timeout",
+                        f"did not return within {self.timeout_s:g}s (task.reward_timeout_s)",
+                    )
+        except Exception as e:  # noqa: BLE001 - any failure in user code is recorded, not raised
+            return 0.0, "raised", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+        return check_reward(value)
+
+    def drain_errors(self) -> list[dict[str, Any]]:
+        """The failures since the last call (the replica sends them with its heartbeat)."""
+        with self._lock:
+            out, self.pending = self.pending, []
+        return out
 
     def stats(self) -> dict[str, int]:
         return {"scored": self.scored, "reward_errors": self.errors}

@@ -31,6 +31,15 @@ def sample_seed(run_seed: int, traj_id: str) -> int:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
+def describe_error(exc: BaseException) -> tuple[str, str]:
+    """(one line, signature) of an error: the line a person reads, and what makes two failures "the same" (its
+    type and the place it was raised, not its message, which often names a request id)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+    return line, f"{type(exc).__name__} at {where}"
+
+
 @dataclass
 class InFlight:
     group: PromptGroup
@@ -88,7 +97,9 @@ class RolloutReplica:
         self.stop_event = threading.Event()
         self.tokens_generated = 0
         self.busy_s = 0.0
-        self.error: str | None = None
+        self.error: str | None = None  # the loop's traceback once it raised: the replica is dead
+        self.error_line = ""
+        self.error_kind = ""
         self._last_beat = 0.0
         self._reader: Any = None  # SlotReader when the engine is on CUDA
         self._newest_ref: Any = None  # partial rollout: the relay's answer to "newest version?", in flight
@@ -102,11 +113,17 @@ class RolloutReplica:
         self.stop_event.set()
         self._thread.join(timeout_s)
         self.score_pool.shutdown(wait=True)
+        try:  # a last report, waited for, so reward errors scored since the last heartbeat are counted
+            ray.get(self._beat(force=True), timeout=timeout_s)
+        except (ray.exceptions.RayError, TimeoutError):
+            pass  # the manager is gone; nothing is left to report to
         if self._reader is not None and not self._thread.is_alive():
             self._reader.close()
 
     def run_in_loop(self, fn: Callable[[], Any], timeout_s: float | None = None) -> Any:
         """Run `fn` on the loop thread between two engine steps and wait for its result."""
+        if self.error is not None:  # nobody is left to run it
+            raise RuntimeError(f"replica {self.id}: its generation loop has stopped ({self.error_line})")
         cmd = _Command(fn)
         self.commands.put(cmd)
         return cmd.done.result(timeout=timeout_s or self.timeout_s)
@@ -171,6 +188,8 @@ class RolloutReplica:
             "inflight": sorted(self.inflight),
             "requests": [(rid, self._blocks(rid)) for rid in sorted(self.inflight)],
             "error": self.error,
+            "error_line": self.error_line,
+            "error_kind": self.error_kind,
         }
 
     def _blocks(self, rid: str) -> int:
@@ -194,10 +213,10 @@ class RolloutReplica:
                     )
                     self._add(groups)
                 self._decode()
-        except Exception:  # the manager sees the error in heartbeats and replaces this replica
+        except Exception as e:  # the replica is dead: the manager sees the error and replaces it
+            self.error_line, self.error_kind = describe_error(e)
             self.error = traceback.format_exc()
             self._beat(force=True)
-            raise
 
     def _apply_commands(self) -> None:
         while True:
@@ -209,10 +228,6 @@ class RolloutReplica:
                 cmd.done.set_result(cmd.fn())
             except Exception as exc:  # handed to the caller, the loop goes on
                 cmd.done.set_exception(exc)
-
-    def set_relay(self, relay: Any) -> None:
-        """Our relay was replaced: the next pull maps the new relay's slots."""
-        self.relay = relay
 
     def _pull(self) -> None:
         from laminar.relay.pull import SlotReader, pull_latest
@@ -324,8 +339,10 @@ class RolloutReplica:
         ray.get(self.buffer.add.remote(traj), timeout=self.timeout_s)
         self.partial_pool.finish.remote(traj.traj_id)
 
-    def _beat(self, force: bool = False) -> None:
+    def _beat(self, force: bool = False) -> Any:
         now = time.time()
         if force or now - self._last_beat >= self.heartbeat_s:
             self._last_beat = now
-            self.manager.heartbeat.remote(self.snapshot(), now)
+            report = {**self.snapshot(), "reward_errors": self.scorer.drain_errors()}
+            return self.manager.heartbeat.remote(report, now)
+        return None

@@ -30,7 +30,7 @@ def plot_run(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if steps:
         t = [r["t"] for r in steps]
-        rewards = [r["reward_mean"] for r in steps]
+        rewards = [float("nan") if r["reward_mean"] is None else r["reward_mean"] for r in steps]
         ax.plot(t, rewards, ".", alpha=0.4, label="per step")
         ax.plot(t, moving_average(rewards, 5), "-", label="moving average (5)")
     ax.set(xlabel="wall time (s)", ylabel="reward", title="Reward over wall time")

@@ -23,6 +23,21 @@ def moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
+def errors(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What went wrong and was absorbed: reward calls that failed (scored 0), replica loops that raised
+    (replaced), trainer steps skipped for a non-finite loss or gradient norm."""
+    reward_errors = [r for r in records if r["kind"] == "reward_error"]
+    by_kind: dict[str, int] = {}
+    for r in reward_errors:
+        by_kind[r.get("error_kind", "raised")] = by_kind.get(r.get("error_kind", "raised"), 0) + 1
+    return {
+        "reward_errors": len(reward_errors),
+        "reward_errors_by_kind": dict(sorted(by_kind.items())),
+        "replica_errors": sum(r["kind"] == "replica_error" for r in records),
+        "nonfinite_steps": sum(bool(r.get("nonfinite")) for r in records if r["kind"] == "step"),
+    }
+
+
 def summarize(
     records: list[dict[str, Any]],
     *,
@@ -37,7 +52,7 @@ def summarize(
     pulls = [r for r in records if r["kind"] == "pull"]
     gens = [r for r in records if r["kind"] == "replica"]
     staleness = [s for r in steps for s in r.get("staleness", [])]
-    rewards = [r["reward_mean"] for r in steps]
+    rewards = [r["reward_mean"] for r in steps if r.get("reward_mean") is not None]
     window = max(1, min(10, len(rewards) // 5))
     ma = moving_average(rewards, window)
 
@@ -81,6 +96,7 @@ def summarize(
         "reward_window": window,
         "kv_utilisation": round(float(np.mean(kv)), 4) if kv else 0.0,
         "trajectories": trajectories,
+        **errors(records),
     }
     summary.update(extra or {})
     return summary

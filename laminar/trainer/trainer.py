@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,18 +34,23 @@ class TrainerConfig:
     threads: int = 1
     device: str = "cpu"  # cpu | cuda (fp32 master weights; bf16 autocast on CUDA)
     publish_dtype: str = ""  # dtype of the published weights; empty = the parameters' (float32)
+    max_nonfinite_steps: int = 3  # non-finite steps skipped in a row before NonFiniteError
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.grpo, dict):
             self.grpo = GRPOConfig(**self.grpo)
-        for name in ("lr", "micro_batch_size", "mini_batches", "threads"):
+        for name in ("lr", "micro_batch_size", "mini_batches", "threads", "max_nonfinite_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"trainer.{name}={getattr(self, name)}: must be > 0")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"trainer.device={self.device!r}: must be cpu, cuda or cuda:N")
         if self.publish_dtype not in ("", "float32", "bfloat16"):
             raise ValueError(f"trainer.publish_dtype={self.publish_dtype!r}: must be '', float32 or bfloat16")
+
+
+class NonFiniteError(RuntimeError):
+    """Training met non-finite numbers it cannot skip: too many bad steps in a row, or non-finite weights."""
 
 
 class ModelPathError(FileNotFoundError):
@@ -103,12 +109,18 @@ class Trainer:
             self.ref_model.requires_grad_(False)
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self.version = 0
+        self.nonfinite_steps = 0  # skipped steps, all told
+        self.nonfinite_in_a_row = 0
 
     # ---- the step -------------------------------------------------------------------------------------------
 
     def train_step(self, groups: list[list[Trajectory]]) -> dict[str, float]:
         """One GRPO step on complete groups; returns metrics. Staleness is measured against the version the
-        trainer holds when it consumes the data (before this step's update)."""
+        trainer holds when it consumes the data (before this step's update).
+
+        A step whose loss or gradient norm is not finite is skipped: no optimizer update, the weights stay as
+        they were, the version still advances (the batch is consumed) and `nonfinite` is set in the metrics.
+        `max_nonfinite_steps` such steps in a row raise `NonFiniteError`."""
         t0 = time.perf_counter()
         for g in groups:
             for t in g:
@@ -126,6 +138,7 @@ class Trainer:
 
         sums: dict[str, float] = {}
         losses, grad_norms = [], []
+        nonfinite = False
         for mb in np.array_split(np.arange(len(trajs)), self.cfg.mini_batches):
             mb = mb.tolist()
             if not mb:
@@ -154,9 +167,14 @@ class Trainer:
             grad_norms.append(
                 float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
             )
-            self.optimizer.step()
             losses.append(mb_loss)
+            if not (math.isfinite(mb_loss) and math.isfinite(grad_norms[-1])):
+                self.optimizer.zero_grad(set_to_none=True)  # nothing of this batch reaches the weights
+                nonfinite = True
+                break
+            self.optimizer.step()
 
+        self._count_nonfinite(nonfinite, losses, grad_norms)
         staleness = [self.version - t.version for t in trajs]
         rewards = [t.reward for t in trajs]
         n_tok = max(sums.get("tokens", 0.0), 1.0)
@@ -181,7 +199,36 @@ class Trainer:
             "logprob_mismatch_abs": sums.get("mismatch_abs_sum", 0.0) / n_tok,
             "logprob_mismatch_kl": sums.get("mismatch_kl_sum", 0.0) / n_tok,
             "step_time_s": time.perf_counter() - t0,
+            "nonfinite": nonfinite,
+            "nonfinite_steps": self.nonfinite_steps,
+            "reward_errors_in_batch": sum("reward_error" in t.meta for t in trajs),
         }
+
+    def _count_nonfinite(self, nonfinite: bool, losses: list[float], grad_norms: list[float]) -> None:
+        if not nonfinite:
+            self.nonfinite_in_a_row = 0
+            return
+        self.nonfinite_steps += 1
+        self.nonfinite_in_a_row += 1
+        if self.nonfinite_in_a_row >= self.cfg.max_nonfinite_steps:
+            raise NonFiniteError(
+                f"{self.nonfinite_in_a_row} trainer steps in a row had a non-finite loss or gradient norm (step "
+                f"{self.version + 1}: loss {losses[-1]}, grad norm {grad_norms[-1]}); they were skipped and the "
+                "weights are unchanged. Look for non-finite rewards or log-probs, or lower trainer.lr "
+                f"(trainer.max_nonfinite_steps={self.cfg.max_nonfinite_steps} is how many are skipped first)"
+            )
+
+    def check_finite(self) -> None:
+        """Raise `NonFiniteError` naming the first parameter that holds NaN or inf (before a publish or save)."""
+        params = list(self.model.named_parameters())
+        flags = torch.stack([torch.isfinite(p).all() for _, p in params])
+        if bool(flags.all()):
+            return
+        bad = [name for (name, _), ok in zip(params, flags.tolist()) if not ok]
+        raise NonFiniteError(
+            f"the trainer's weights hold NaN or inf at version {self.version} (parameter {bad[0]!r}"
+            f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}); they are neither published nor saved"
+        )
 
     # ---- batching -------------------------------------------------------------------------------------------
 
@@ -240,7 +287,9 @@ class Trainer:
         `lm_head.weight` is left out (it is `model.embed_tokens.weight`) and loaders re-tie it. The tensors are
         live views, valid until the next `train_step`; copy them out before training on. On CUDA they stay on the
         GPU (the publisher copies them into its registered shared-memory slot); with `publish_dtype` they are cast
-        copies, e.g. bf16 for a bf16 engine, which halves the bytes on the weight path."""
+        copies, e.g. bf16 for a bf16 engine, which halves the bytes on the weight path. Non-finite weights
+        raise `NonFiniteError` instead."""
+        self.check_finite()
         sd = self.model.state_dict()
         if _ties_embeddings(self.model):
             sd.pop("lm_head.weight", None)

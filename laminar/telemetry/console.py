@@ -1,0 +1,75 @@
+"""The few run events a person watching the console must see (reward errors, dead replicas, skipped steps), one
+line each and rate-limited per kind, so a reward function failing on every row prints a line every few seconds,
+not thousands. The full records are in `metrics.jsonl`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+
+def alert_line(record: dict[str, Any]) -> str | None:
+    """The console line for a record, or None for records that are not alerts."""
+    kind = record["kind"]
+    if kind == "reward_error":
+        return (
+            f"reward error ({record.get('error_kind')}) on row {record.get('row')} (trajectory "
+            f"{record.get('traj_id')}, replica {record.get('replica')}): {record.get('error')}; scored 0"
+        )
+    if kind == "replica_error":
+        return f"replica {record.get('replica')}: its generation loop raised {record.get('error')}"
+    if kind == "step" and record.get("nonfinite"):
+        return (
+            f"step {record.get('step')}: loss {record.get('loss')}, grad norm {record.get('grad_norm')} not "
+            "finite; step skipped, weights unchanged"
+        )
+    return None
+
+
+class Console:
+    """At most one line per kind of alert every `every_s` seconds; a line says how many it stood for. The first
+    replica error of each kind also shows its traceback."""
+
+    def __init__(
+        self, every_s: float = 5.0, stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.every_s, self.stream, self.clock = every_s, stream, clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}  # alerts not shown since the last line of their kind
+        self._tracebacks_shown: set[str] = set()
+
+    def show(self, record: dict[str, Any]) -> str | None:
+        """Print the record's line if it is an alert and its kind is not rate-limited now; returns what it
+        printed."""
+        line = alert_line(record)
+        if line is None:
+            return None
+        kind, now = record["kind"], self.clock()
+        if kind in self._last and now - self._last[kind] < self.every_s:
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return None
+        held = self._held.pop(kind, 0)
+        self._last[kind] = now
+        text = f"laminar: {line}" + (f" (and {held} more like it since the last line)" if held else "")
+        signature = record.get("error_kind") or record.get("error")
+        if kind == "replica_error" and record.get("traceback") and signature not in self._tracebacks_shown:
+            self._tracebacks_shown.add(signature)
+            text += "\n" + record["traceback"].rstrip()
+        print(text, file=self.stream or sys.stderr, flush=True)
+        return text
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as the one line a person needs: Ray's wrappers unwrapped to the task's own exception, its
+    message's first line; laminar's own errors speak for themselves, others keep their type's name."""
+    seen: set[int] = set()
+    while isinstance(getattr(exc, "cause", None), BaseException) and id(exc) not in seen:
+        seen.add(id(exc))
+        exc = exc.cause  # a RayTaskError carries the exception the task raised
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    message = lines[0].strip() if lines else ""
+    if type(exc).__module__.startswith("laminar") and message:
+        return message
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

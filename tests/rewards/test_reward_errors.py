@@ -1,0 +1,81 @@
+"""A reward that raises, runs too long or returns a non-number scores 0, and every failure is kept to report."""
+
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from laminar.data.records import Trajectory
+from laminar.data.tasks import TaskCodec
+from laminar.rewards.loader import RewardScorer, check_reward
+
+CODEC = TaskCodec()
+
+
+def traj(tid: str = "3:1") -> Trajectory:
+    group, idx = (int(x) for x in tid.split(":"))
+    return Trajectory(tid, group, idx, [1], CODEC.encode_answer("1 2"), [0.0] * 3, version=0, reward=0.9)
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        (float("nan"), "not_finite"),
+        (float("inf"), "not_finite"),
+        (-math.inf, "not_finite"),
+        (np.float32("nan"), "not_finite"),
+        ("1.0", "not_a_number"),
+        (None, "not_a_number"),
+        ([1.0], "not_a_number"),
+    ],
+)
+def test_a_reward_that_is_not_a_finite_number_scores_zero_and_is_counted(value, kind):
+    scorer = RewardScorer(lambda response, row: value, CODEC.decode)
+    t = traj()
+    assert scorer.score(t, {"row": 11}) == 0.0 and t.reward == 0.0
+    assert scorer.stats() == {"scored": 1, "reward_errors": 1}
+    [error] = scorer.drain_errors()
+    assert error["traj_id"] == "3:1" and error["row"] == 11 and error["error_kind"] == kind
+    assert "finite number" in error["error"] and "row 11" in t.meta["reward_error"]
+    assert scorer.drain_errors() == []  # reported once
+
+
+@pytest.mark.parametrize("value", [1, 0.25, True, np.float64(0.5), np.int64(2)])
+def test_finite_real_numbers_pass_as_floats(value):
+    reward, kind, _ = check_reward(value)
+    assert kind is None and reward == float(value) and type(reward) is float
+
+
+def test_a_raising_reward_scores_zero_with_its_message():
+    def judge(response, row):
+        raise KeyError("answer")
+
+    scorer = RewardScorer(judge, CODEC.decode, timeout_s=5.0)
+    t = traj("7:0")
+    assert scorer.score(t, {"row": 2}) == 0.0
+    [error] = scorer.drain_errors()
+    assert error == {"traj_id": "7:0", "row": 2, "error_kind": "raised", "error": "KeyError: 'answer'"}
+    assert "Traceback" in t.meta["reward_error"]
+
+
+def test_a_reward_past_its_timeout_scores_zero_and_the_next_call_is_not_held_up():
+    release = threading.Event()
+    calls = []
+
+    def slow_then_fast(response, row):
+        calls.append(row["row"])
+        if row["row"] == 0:
+            release.wait(30)  # hangs until the test lets it go
+        return 1.0
+
+    scorer = RewardScorer(slow_then_fast, CODEC.decode, timeout_s=0.2)
+    try:
+        assert scorer.score(traj("0:0"), {"row": 0}) == 0.0
+        assert scorer.score(traj("1:0"), {"row": 1}) == 1.0  # a fresh thread, not queued behind the hung one
+    finally:
+        release.set()
+    [error] = scorer.drain_errors()
+    assert error["error_kind"] == "timeout" and "0.2s" in error["error"] and calls == [0, 1]
+    with pytest.raises(ValueError, match="timeout_s=0"):
+        RewardScorer(slow_then_fast, CODEC.decode, timeout_s=0)
