@@ -12,6 +12,7 @@ COMMANDS = {
     ("bench", "relay"): "laminar.relay.bench:main",
     ("bench", "schedules"): "laminar.schedules.bench:main",
     ("simulate",): "laminar.sim.cli:main",
+    ("audit",): "laminar.telemetry.audit:main",
 }
 
 USAGE = """usage: laminar COMMAND [ARGS]
@@ -23,6 +24,7 @@ commands:
   bench relay                      weight propagation along the relay chain
   bench schedules                  every schedule on one length-controlled workload
   simulate                         the cluster simulator (64 to 1024 GPUs)
+  audit RUN_DIR                    every trajectory trained exactly once, or lost for a reason
 """
 
 

@@ -86,7 +86,8 @@ def train(
     """One run. `hook(runtime, step_metrics)` runs after every step (tests use it to inject failures)."""
 
     from laminar import schedules
-    from laminar.runtime.launch import RUNTIME_STATE, Runtime, lost_trajectories
+    from laminar.runtime.launch import RUNTIME_STATE, Runtime
+    from laminar.telemetry.audit import audit_run
     from laminar.telemetry.plots import plot_run
     from laminar.telemetry.recorder import Recorder
     from laminar.telemetry.summary import summarize
@@ -134,9 +135,8 @@ def train(
             recorder.log("propagation", version=v, seconds=seconds)
     buf, partial = end["buffer"], end["partial"]
     generated = buf.get("added", 0)
-    trained = len(rt.trained_ids)
     in_buffer = buf.get("size", 0)
-    lost = lost_trajectories(end["accounting"], rt.trained_ids, cfg.trainer.group_size)
+    audit = audit_run(out)  # the summary's counts are the run folder's, over every segment
     prop = {r["version"]: r["seconds"] for r in recorder.of("propagation")}
     for r in recorder.of("publish"):
         r["propagation_s"] = prop.get(r["version"])
@@ -147,9 +147,8 @@ def train(
         warmup_steps=cfg.trainer.warmup_steps,
         trajectories={
             "generated": generated,
-            "trained": trained,
-            "lost": lost,
-            "duplicated": rt.duplicated,
+            **audit.counts(),
+            "audit_ok": audit.ok,
             "deduplicated_by_buffer": buf.get("duplicates", 0),
             "in_flight_at_end": partial["in_flight"],
             "in_buffer_at_end": in_buffer,

@@ -49,18 +49,18 @@ def load_sampler(name: str) -> Sampler:
     return load_function(name, "experience buffer: sampler", "laminar.data.experience_buffer:oldest")
 
 
-class BufferFull(RuntimeError):
-    """Raised by `add` under overflow='reject' when the buffer holds `capacity` trajectories."""
-
-
 class ExperienceBuffer:
     """Trajectories wait in `pending` until their group has `group_size` of them, then the group joins `ready`.
 
-    Capacity counts trajectories (pending and ready). When full, `overflow` decides: 'evict_oldest' drops the
-    oldest ready group (counted in `evicted`), 'reject' raises `BufferFull` so the caller can back off (the
-    manager should stop dispatching while `full()`). `max_staleness` (None = unbounded, Laminar's default)
-    drops, at sampling time, ready groups older than the bound (counted in `stale_dropped`). A traj_id seen
-    before is ignored and counted in `duplicates`; the buffer never hands out one trajectory twice.
+    A group's samples all come from one version, by construction: a sample of a newer version than its group's
+    pending ones supersedes them (the group was issued again, e.g. after a resume, and all its samples are being
+    made again), an older one is ignored, and after `restart_group` only the named version is taken.
+
+    Capacity counts trajectories (pending and ready); when full, the oldest ready group is evicted.
+    `max_staleness` (None = unbounded, Laminar's default) drops, at sampling time, ready groups older than the
+    bound. Every id dropped is kept in `dropped` with its reason (evicted, stale) for the audit.
+    A traj_id seen before is ignored and counted in `duplicates`; the buffer never hands out one trajectory
+    twice.
     """
 
     def __init__(
@@ -69,26 +69,24 @@ class ExperienceBuffer:
         capacity: int = 100_000,
         max_staleness: int | None = None,
         sampler: Sampler | str = "fifo",
-        overflow: str = "evict_oldest",
     ) -> None:
         if group_size < 1:
             raise ValueError(f"experience buffer: group_size={group_size}: must be >= 1")
         if capacity < group_size:
             raise ValueError(f"experience buffer: capacity={capacity} is below one group ({group_size})")
-        if overflow not in ("evict_oldest", "reject"):
-            raise ValueError(f"experience buffer: overflow={overflow!r}: expected 'evict_oldest' or 'reject'")
         if isinstance(sampler, str):
             sampler = load_sampler(sampler)
         self.group_size = group_size
         self.capacity = capacity
         self.max_staleness = max_staleness
         self.sampler = sampler
-        self.overflow = overflow
         self.pending: dict[int, dict[int, Trajectory]] = {}
         self.ready: list[Group] = []
         self.seen: set[str] = set()
+        self.required: dict[int, int] = {}  # group -> the one version it is taken at (set by `restart_group`)
+        self.dropped: dict[str, str] = {}  # traj_id -> why it will never be trained
         self.staleness = Counter()
-        self.counts = Counter()  # added, duplicates, evicted, stale_dropped, consumed, mixed_version_groups
+        self.counts = Counter()  # added, duplicates, superseded, evicted, stale_dropped, consumed
 
     def __len__(self) -> int:
         return sum(len(g) for g in self.pending.values()) + sum(len(g) for g in self.ready)
@@ -102,8 +100,32 @@ class ExperienceBuffer:
     def full(self) -> bool:
         return len(self) >= self.capacity
 
+    def _drop(self, group: Group, reason: str) -> None:
+        for t in group:
+            self.dropped[t.traj_id] = reason
+
+    def _forget_pending(self, group_id: int) -> None:
+        """Its samples will be made again: they leave, and their ids may come back."""
+        for t in self.pending.pop(group_id, {}).values():
+            self.seen.discard(t.traj_id)
+            self.counts["superseded"] += 1
+
     def add(self, traj: Trajectory) -> bool:
-        """False if it was a duplicate (ignored). A group completes when all its sample indices are in."""
+        """False if it was ignored (a duplicate, or a version its group is no longer taken at). A group
+        completes when all its sample indices are in."""
+        gid = traj.group_id
+        slots = self.pending.get(gid)
+        if gid in self.required:
+            if traj.version != self.required[gid]:
+                self.counts["superseded"] += 1
+                return False
+        elif slots:
+            held = next(iter(slots.values())).version
+            if traj.version < held:
+                self.counts["superseded"] += 1
+                return False
+            if traj.version > held:
+                self._forget_pending(gid)
         if traj.traj_id in self.seen:
             self.counts["duplicates"] += 1
             return False
@@ -112,25 +134,39 @@ class ExperienceBuffer:
                 f"experience buffer: {traj.traj_id} has sample_idx {traj.sample_idx}, group size is {self.group_size}"
             )
         if self.full():
-            if self.overflow == "reject" or not self.ready:
-                raise BufferFull(
-                    f"experience buffer holds {len(self)} trajectories (capacity {self.capacity}); "
-                    f"{len(self.ready)} ready groups waiting for the trainer"
+            if not self.ready:
+                raise RuntimeError(
+                    f"experience buffer holds {len(self)} trajectories (capacity {self.capacity}) and no "
+                    "complete group to evict"
                 )
             evicted = self.ready.pop(0)
+            self._drop(evicted, "evicted")
             self.counts["evicted"] += 1
             self.counts["evicted_trajectories"] += len(evicted)
         self.seen.add(traj.traj_id)
         self.counts["added"] += 1
-        slots = self.pending.setdefault(traj.group_id, {})
+        slots = self.pending.setdefault(gid, {})
         slots[traj.sample_idx] = traj
         if len(slots) == self.group_size:
             group = [slots[i] for i in range(self.group_size)]
-            del self.pending[traj.group_id]
-            if len({t.version for t in group}) > 1:
-                self.counts["mixed_version_groups"] += 1
+            del self.pending[gid]
+            self.required.pop(gid, None)
             self.ready.append(group)
         return True
+
+    def restart_group(self, group_id: int, traj_ids: list[str], version: int) -> bool:
+        """Recovery starts the whole group over at `version`: its samples held now go, and only samples of
+        `version` are taken for it from now on. False (nothing changes) if the group is already complete."""
+        if group_id not in self.pending and all(t in self.seen for t in traj_ids):
+            return False
+        self._forget_pending(group_id)
+        self.required[group_id] = version
+        return True
+
+    def group_state(self, group_id: int, traj_ids: list[str]) -> tuple[list[str], set[int]]:
+        """Which of a group's ids the buffer has (or had), and the versions of those it holds now."""
+        held = self.pending.get(group_id, {})
+        return [t for t in traj_ids if t in self.seen], {t.version for t in held.values()}
 
     def num_ready(self) -> int:
         return len(self.ready)
@@ -141,6 +177,7 @@ class ExperienceBuffer:
         keep = []
         for g in self.ready:
             if version - min(t.version for t in g) > self.max_staleness:
+                self._drop(g, "stale")
                 self.counts["stale_dropped"] += 1
             else:
                 keep.append(g)
@@ -197,6 +234,8 @@ class ExperienceBuffer:
                 "pending": {gid: [asdict(t) for t in slots.values()] for gid, slots in self.pending.items()},
                 "ready": [[asdict(t) for t in g] for g in self.ready],
                 "seen": sorted(self.seen),
+                "required": dict(self.required),
+                "dropped": dict(self.dropped),
                 "staleness": dict(self.staleness),
                 "counts": dict(self.counts),
             }
@@ -210,5 +249,7 @@ class ExperienceBuffer:
         }
         self.ready = [[Trajectory(**t) for t in g] for g in state["ready"]]
         self.seen = set(state["seen"])
+        self.required = {int(g): v for g, v in state.get("required", {}).items()}
+        self.dropped = dict(state.get("dropped", {}))
         self.staleness = Counter({int(k): v for k, v in state["staleness"].items()})
         self.counts = Counter(state["counts"])

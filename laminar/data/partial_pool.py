@@ -16,13 +16,19 @@ class PartialTrajectory:
     traj_id: str
     group_id: int
     sample_idx: int
+    group_size: int
     prompt_ids: list[int]
     version: int
     replica: int
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     restarts: int = 0
-    meta: dict[str, Any] = field(default_factory=dict)  # sampling params (seed, temperature), group row
+    meta: dict[str, Any] = field(
+        default_factory=dict
+    )  # the group's row: the reward needs it after a recovery
+
+    def group(self) -> PromptGroup:
+        return PromptGroup(self.group_id, list(self.prompt_ids), self.group_size, dict(self.meta))
 
 
 class PartialPool:
@@ -34,9 +40,7 @@ class PartialPool:
         self.moved = 0
         self.restarted = 0
 
-    def start(
-        self, group: PromptGroup, replica: int, version: int, meta: dict[str, Any] | None = None
-    ) -> None:
+    def start(self, group: PromptGroup, replica: int, version: int) -> None:
         """Registers all n samples of a group on one replica at one version."""
         for i in range(group.n):
             tid = group.traj_id(i)
@@ -44,15 +48,20 @@ class PartialPool:
                 raise KeyError(
                     f"partial pool: trajectory {tid} is already in flight on replica {self.entries[tid].replica}"
                 )
-            self.entries[tid] = PartialTrajectory(
-                traj_id=tid,
-                group_id=group.group_id,
-                sample_idx=i,
-                prompt_ids=list(group.prompt_ids),
-                version=version,
-                replica=replica,
-                meta=dict(meta or {}),
-            )
+            self.entries[tid] = self._entry(group, i, replica, version)
+
+    @staticmethod
+    def _entry(group: PromptGroup, idx: int, replica: int, version: int) -> PartialTrajectory:
+        return PartialTrajectory(
+            group.traj_id(idx),
+            group.group_id,
+            idx,
+            group.n,
+            list(group.prompt_ids),
+            version,
+            replica,
+            meta=dict(group.meta),
+        )
 
     def _get(self, traj_id: str) -> PartialTrajectory:
         try:
@@ -80,26 +89,23 @@ class PartialPool:
             self.finished += 1
         return e
 
-    def move(self, traj_id: str, replica: int) -> None:
-        """Repack or recovery placed it on another replica (of the same version)."""
-        e = self._get(traj_id)
-        if e.replica != replica:
-            e.replica = replica
-            self.moved += 1
+    def move(self, traj_ids: list[str], replica: int) -> None:
+        """Repack or recovery placed them on another replica (of the same version), their tokens kept. Ids
+        that finished meanwhile are skipped."""
+        for tid in traj_ids:
+            e = self.entries.get(tid)
+            if e is not None and e.replica != replica:
+                e.replica = replica
+                self.moved += 1
 
-    def restart(self, traj_id: str, replica: int, version: int, group: PromptGroup | None = None) -> None:
-        """It starts over from its prompt (no replica of its version is left, or it never started): counted as a
-        restart. `group` registers it when the pool never saw it (dispatched, then lost before it began)."""
-        if traj_id not in self.entries and group is not None:
-            idx = int(traj_id.rsplit(":", 1)[1])
-            self.entries[traj_id] = PartialTrajectory(
-                traj_id, group.group_id, idx, list(group.prompt_ids), version, replica
-            )
-        e = self._get(traj_id)
-        e.response_ids, e.logprobs = [], []
-        e.replica, e.version = replica, version
-        e.restarts += 1
-        self.restarted += 1
+    def restart(self, group: PromptGroup, sample_idxs: list[int], replica: int, version: int) -> None:
+        """These samples start over from their prompt on `replica` at `version` (recovery: their version is
+        gone, their group restarts whole, or they never began): counted as restarts."""
+        for i in sample_idxs:
+            old = self.entries.get(group.traj_id(i))
+            e = self.entries[group.traj_id(i)] = self._entry(group, i, replica, version)
+            e.restarts = (old.restarts if old else 0) + 1
+            self.restarted += 1
 
     def get(self, traj_id: str) -> PartialTrajectory:
         return copy.deepcopy(self._get(traj_id))
@@ -108,8 +114,10 @@ class PartialPool:
         """Everything in flight on one replica, e.g. a dead one's work to recover."""
         return [copy.deepcopy(e) for e in self.entries.values() if e.replica == replica]
 
-    def group_ids(self) -> set[int]:
-        return {e.group_id for e in self.entries.values()}
+    def of_groups(self, group_ids: list[int]) -> list[PartialTrajectory]:
+        """Every sample of these groups in flight, wherever it runs (recovery keeps a group on one version)."""
+        wanted = set(group_ids)
+        return [copy.deepcopy(e) for e in self.entries.values() if e.group_id in wanted]
 
     def traj_ids(self) -> set[str]:
         return set(self.entries)
@@ -139,6 +147,3 @@ class PartialPool:
         self.entries = {e["traj_id"]: PartialTrajectory(**copy.deepcopy(e)) for e in snap["entries"]}
         for k, v in snap["counters"].items():
             setattr(self, k, v)
-
-    state_dict = snapshot
-    load_state_dict = restore

@@ -16,9 +16,10 @@ from typing import Any
 
 import ray
 
+from laminar.data.partial_pool import PartialTrajectory
 from laminar.data.records import PromptGroup
 from laminar.manager.dispatch import Dispatch
-from laminar.manager.recovery import plan_recovery, restart_item
+from laminar.manager.recovery import GroupWork, plan_recovery
 from laminar.manager.repacker import RepackStats, repack_once
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,9 @@ class RolloutManager:
             "trainer": 0,
             "recovered_trajectories": 0,
             "restarted_trajectories": 0,
+            "restarted_groups": 0,
         }
+        self._placing = asyncio.Lock()  # a repack round's moves and a recovery never interleave
         self._tasks: list[asyncio.Task] = []
         self.error_signatures: list[str] = []  # every replica error, in the order seen
         self.max_failures_in_a_row = 3
@@ -173,8 +176,8 @@ class RolloutManager:
         )
 
     def group_done(self, replica: int, group_id: int) -> None:
-        state = self.replicas.get(replica)
-        if state is not None:
+        """Complete in the buffer: no replica owes it any more (repack may have spread it over several)."""
+        for state in self.replicas.values():
             state.groups.pop(group_id, None)
 
     # ---- trainer side --------------------------------------------------------------------------------------
@@ -214,41 +217,69 @@ class RolloutManager:
     # ---- repack ------------------------------------------------------------------------------------------
     async def _repack_loop(self) -> None:
         """Every `interval_s`, and right after each trainer update."""
-        cfg = self.repack_cfg
         while not self.stopped:
             try:
-                await asyncio.wait_for(self._updated.wait(), cfg["interval_s"])
+                await asyncio.wait_for(self._updated.wait(), self.repack_cfg["interval_s"])
             except TimeoutError:
                 pass
             self._updated.clear()
             if self.stopped:
                 return
-            max_released = None
-            if cfg.get("only_with_work", True):
-                max_released = self.dispatch.replicas_with_work(self.dispatched_groups, self.consumed_groups)
-                if max_released == 0:
-                    continue  # nothing for a freed replica to do: leave the tails where they run fastest
             try:
-                snaps = await asyncio.gather(
-                    *[h.snapshot.remote() for h in self.handles.values()], return_exceptions=True
-                )
-                events = await repack_once(
-                    self.handles,
-                    [s for s in snaps if isinstance(s, dict)],
-                    batch_limit_b=cfg["batch_limit_b"],
-                    kv_capacity=cfg["kv_capacity"],
-                    stats=self.repack_stats,
-                    partial_pool=self.partial_pool,
-                    max_released=max_released,
-                )
-            except ray.exceptions.RayActorError:
-                continue  # a replica died mid-move; the watch loop recovers its work from the partial pool
+                await self._repack()
             except Exception as e:  # noqa: BLE001 - a failed round is reported, the loop goes on
                 log.warning("repack round failed: %r", e)
                 self.events.append({"kind": "repack_error", "t": time.time() - self.t0, "error": repr(e)})
-                continue
-            now = time.time() - self.t0
-            self.events.extend({**e, "t": now} for e in events)
+
+    async def _repack(self) -> None:
+        """A round, unless the dispatch rule has no work for a freed replica (`only_with_work`): then the tails
+        stay where they run fastest."""
+        max_released = None
+        if self.repack_cfg.get("only_with_work", True):
+            max_released = self.dispatch.replicas_with_work(self.dispatched_groups, self.consumed_groups)
+            if max_released == 0:
+                return
+        async with self._placing:
+            await self._repack_round(max_released)
+
+    async def _repack_round(self, max_released: int | None) -> None:
+        """One round: moved groups are owed by their destination too (so its death recovers them with their
+        row), and moves neither end would take go through recovery."""
+        cfg = self.repack_cfg
+        snaps = await asyncio.gather(
+            *[h.snapshot.remote() for h in self.handles.values()], return_exceptions=True
+        )
+        done = await repack_once(
+            self.handles,
+            [s for s in snaps if isinstance(s, dict) and not s.get("error")],
+            batch_limit_b=cfg["batch_limit_b"],
+            kv_capacity=cfg["kv_capacity"],
+            stats=self.repack_stats,
+            partial_pool=self.partial_pool,
+            max_released=max_released,
+        )
+        now = time.time() - self.t0
+        self.events.extend({**e, "t": now} for e in done.events)
+        for dst, group in done.moved:
+            self._owe(dst, group)
+        if done.orphans:
+            homeless = [
+                PartialTrajectory(
+                    exported.request_id,
+                    state.group.group_id,
+                    state.sample_idx,
+                    state.group.n,
+                    list(state.group.prompt_ids),
+                    state.version,
+                    replica=-1,
+                    response_ids=list(exported.output_token_ids),
+                    logprobs=list(exported.logprobs),
+                    meta=dict(state.group.meta),
+                )
+                for exported, state in done.orphans
+            ]
+            placed = await self._place(homeless, {s.group.group_id: s.group for _, s in done.orphans})
+            self.events.append({"kind": "recovery", "t": now, "orphans": len(homeless), **placed})
 
     # ---- failures ----------------------------------------------------------------------------------------
     async def _watch_loop(self) -> None:
@@ -348,50 +379,97 @@ class RolloutManager:
         self.failures["rollouts"] += 1  # counted once handled: recovered and replaced
 
     async def _recover(self, dead: int) -> None:
-        """Every trajectory the dead replica owed: in flight (from the partial pool) or dispatched to it but never
-        begun (neither in the pool nor in the buffer). Same-version replicas continue the first kind; everything
-        else starts over from its prompt on a live replica."""
-        entries = await self.partial_pool.on_replica.remote(dead)
-        snaps = await asyncio.gather(
-            *[h.snapshot.remote() for h in self.handles.values()], return_exceptions=True
-        )
-        live = {s["replica"]: s["version"] for s in snaps if isinstance(s, dict) and not s.get("error")}
-        if not live:
-            raise RuntimeError(f"replica {dead} died and no live replica is left to take its work")
-        groups = dict(self.replicas[dead].groups) if dead in self.replicas else {}
-        now = time.time()
-        plan = plan_recovery(entries, groups, live, self.sampling, self.run_seed, now)
-        restarts = [it for _, items in plan.restarted for it in items]
-        started = {e.traj_id for e in entries}
-        for gid, group in groups.items():
-            have = set(await self.buffer.samples_seen.remote(gid, group.n))
-            never = [i for i in range(group.n) if i not in have and group.traj_id(i) not in started]
-            restarts += [restart_item(group, i, self.sampling, self.run_seed, now) for i in never]
-        self.events.append(
-            {
-                "kind": "recovery",
-                "t": now - self.t0,
-                "replica": dead,
-                "in_flight": len(entries),
-                "restarts": len(restarts),
-                "live": live,
-            }
-        )
-        for target, items in plan.recovered:
-            refused = set(await self.handles[target].import_requests.remote(items))
-            for exported, state in items:
-                if exported.request_id in refused:  # the target changed version meanwhile
-                    restarts.append((exported, state))
+        """Every trajectory the dead replica owed: in flight (from the partial pool, which keeps each group's row)
+        or dispatched to it and never begun (neither in the pool nor in the buffer). Samples repack moved away are
+        in the pool under their destination and stay there."""
+        async with self._placing:
+            entries = await self.partial_pool.on_replica.remote(dead)
+            state = self.replicas.pop(dead, None)
+            groups = dict(state.groups) if state is not None else {}
+            for e in entries:
+                groups.setdefault(e.group_id, e.group())
+            placed = await self._place(entries, groups)
+            self.events.append(
+                {
+                    "kind": "recovery",
+                    "t": time.time() - self.t0,
+                    "replica": dead,
+                    "in_flight": len(entries),
+                    **placed,
+                }
+            )
+
+    async def _place(self, homeless: list[Any], groups: dict[int, PromptGroup]) -> dict[str, int]:
+        """Find a replica for each group with homeless samples (`plan_recovery`), version by version: a group
+        whose version no live replica holds restarts whole, and the buffer forgets what it held of it. A target
+        that changed version before the import refuses it; the group is planned again (bounded)."""
+        done = {"recovered": 0, "restarted": 0, "restarted_groups": 0}
+        by_group: dict[int, list[Any]] = {}
+        for e in homeless:
+            by_group.setdefault(e.group_id, []).append(e)
+        pending = set(groups)
+        for _ in range(3):
+            work = await self._group_work(
+                {g: groups[g] for g in pending}, {g: by_group.get(g, []) for g in pending}
+            )
+            snaps = await asyncio.gather(
+                *[h.snapshot.remote() for h in self.handles.values()], return_exceptions=True
+            )
+            live = {s["replica"]: s["version"] for s in snaps if isinstance(s, dict) and not s.get("error")}
+            if not live:
+                raise RuntimeError(f"no live replica is left to take the work of groups {sorted(pending)}")
+            pending = set()
+            for p in plan_recovery(work, live, self.sampling, self.run_seed, time.time()):
+                gid, ids = p.group.group_id, [e.request_id for e, _ in p.items]
+                if p.restart and not await self.buffer.restart_group.remote(
+                    gid, [p.group.traj_id(i) for i in range(p.group.n)], p.version
+                ):
+                    continue  # it completed meanwhile
+                try:
+                    refused = await self.handles[p.replica].import_requests.remote(p.items)
+                except ray.exceptions.RayError:
+                    refused = ids  # it died or its loop stopped: plan again without it
+                if refused:
+                    pending.add(gid)
                     continue
-                self.partial_pool.move.remote(exported.request_id, target)
-                self.failures["recovered_trajectories"] += 1
-                self._owe(target, state.group)
-        for i, item in enumerate(sorted(restarts, key=lambda it: it[0].request_id)):
-            target = sorted(live)[i % len(live)]
-            await self.handles[target].import_requests.remote([item], restart=True)
-            self.failures["restarted_trajectories"] += 1
-            self._owe(target, item[1].group)
-        self.replicas.pop(dead, None)
+                fresh = [s.sample_idx for e, s in p.items if not e.output_token_ids]
+                if p.restart or fresh:
+                    await self.partial_pool.restart.remote(p.group, fresh, p.replica, p.version)
+                kept = [e.request_id for e, _ in p.items if e.output_token_ids]
+                if kept:
+                    await self.partial_pool.move.remote(kept, p.replica)
+                done["recovered"] += len(kept)
+                done["restarted"] += len(fresh)
+                done["restarted_groups"] += p.restart
+                self._owe(p.replica, p.group)
+            if not pending:
+                break
+        else:
+            self.events.append(
+                {"kind": "recovery_failed", "t": time.time() - self.t0, "groups": sorted(pending)}
+            )
+        self.failures["recovered_trajectories"] += done["recovered"]
+        self.failures["restarted_trajectories"] += done["restarted"]
+        self.failures["restarted_groups"] += done["restarted_groups"]
+        return done
+
+    async def _group_work(
+        self, groups: dict[int, PromptGroup], homeless: dict[int, list[Any]]
+    ) -> list[GroupWork]:
+        """What the planner needs of each group: its homeless samples, those never begun, and every version its
+        samples run or ran at (in flight anywhere, or held by the buffer)."""
+        flying = await self.partial_pool.of_groups.remote(sorted(groups))
+        work = []
+        for gid, group in groups.items():
+            ids = [group.traj_id(i) for i in range(group.n)]
+            seen, held_versions = await self.buffer.group_state.remote(gid, ids)
+            here = {e.traj_id for e in flying if e.group_id == gid}
+            lost = {e.traj_id for e in homeless[gid]}
+            unstarted = [i for i, t in enumerate(ids) if t not in here and t not in seen and t not in lost]
+            versions = {e.version for e in flying if e.group_id == gid} | held_versions
+            versions |= {e.version for e in homeless[gid]}
+            work.append(GroupWork(group, homeless[gid], unstarted, versions))
+        return work
 
     def _owe(self, replica: int, group: PromptGroup) -> None:
         self.replicas.setdefault(replica, ReplicaState(replica)).groups[group.group_id] = group

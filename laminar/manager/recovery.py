@@ -1,13 +1,17 @@
-"""Recovering a dead replica's work (design section 6) from the partial response pool.
+"""Placing work that lost its replica (design section 6): the trajectories of a dead replica, or moves that
+neither their repack destination nor their source would take back.
 
-A trajectory continues on a live replica of its own version from the tokens the pool holds; tokens it made
-after its last progress report are made again, identically, since its sampling stream depends only on its
-seed and position. Only when no replica of its version is left does it start over from its prompt (counted).
+A group is trained only if all its samples come from one version, so placement is decided per group. If a live
+replica holds the group's version, the group's homeless samples continue there, all on one replica: in-flight
+ones from the tokens the partial pool holds (tokens made after their last progress report are made again,
+identically, since a sampling stream depends only on its seed and position), never-begun ones from their prompt.
+Otherwise the whole group starts over from its prompt on one replica at that replica's version (counted), and
+the buffer forgets the samples it held of it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from laminar.data.partial_pool import PartialTrajectory
@@ -15,61 +19,75 @@ from laminar.data.records import PromptGroup
 from laminar.engine import ExportedRequest, SamplingParams
 from laminar.rollout.replica import InFlight, sample_seed
 
+Item = tuple[ExportedRequest, InFlight]
+
 
 @dataclass
-class Recovery:
-    recovered: list[tuple[int, list[tuple[ExportedRequest, InFlight]]]]  # (replica, items) to import
-    restarted: list[tuple[int, list[tuple[ExportedRequest, InFlight]]]]
+class GroupWork:
+    """One group with samples that need a replica, and what is known of the rest of it."""
+
+    group: PromptGroup
+    homeless: list[PartialTrajectory] = field(default_factory=list)  # in flight where they cannot go on
+    unstarted: list[int] = field(default_factory=list)  # neither in flight nor in the buffer
+    versions: set[int] = field(default_factory=set)  # every version any of its samples runs or ran at
 
 
-def restart_item(
-    group: PromptGroup, sample_idx: int, sampling: dict[str, Any], run_seed: int, now: float
-) -> tuple[ExportedRequest, InFlight]:
-    """A trajectory starting over from its prompt (the importing replica stamps its own version on it)."""
-    tid = group.traj_id(sample_idx)
-    params = SamplingParams(seed=sample_seed(run_seed, tid), **{**sampling, **group.meta.get("sampling", {})})
-    return ExportedRequest(tid, list(group.prompt_ids), [], [], [], params, -1), InFlight(
-        group, sample_idx, -1, now
-    )
+@dataclass
+class Placement:
+    replica: int
+    group: PromptGroup
+    version: int
+    items: list[Item]
+    restart: bool  # the whole group from its prompt; else its homeless samples continue on their version
 
 
-def plan_recovery(
-    entries: list[PartialTrajectory],
-    groups: dict[int, PromptGroup],
-    live: dict[int, int],
+def _item(
+    group: PromptGroup,
+    idx: int,
+    version: int,
+    tokens: list[int],
+    logprobs: list[float],
     sampling: dict[str, Any],
     run_seed: int,
     now: float,
-) -> Recovery:
-    """`live` maps replica -> version. Each trajectory goes to the least-loaded live replica of its version,
-    or (restart) to the least-loaded live replica of any version with no tokens kept."""
+) -> Item:
+    tid = group.traj_id(idx)
+    params = SamplingParams(seed=sample_seed(run_seed, tid), **{**sampling, **group.meta.get("sampling", {})})
+    exported = ExportedRequest(
+        tid, list(group.prompt_ids), list(tokens), list(logprobs), [version] * len(tokens), params, version
+    )
+    state = InFlight(group, idx, version, now, list(tokens), list(logprobs), reported=len(tokens))
+    return exported, state
+
+
+def plan_recovery(
+    work: list[GroupWork], live: dict[int, int], sampling: dict[str, Any], run_seed: int, now: float
+) -> list[Placement]:
+    """`live` maps replica -> version. Each group goes to one replica: the least loaded of its version, or
+    (restart) the least loaded of all. Empty when no replica is alive (the caller keeps the work)."""
     load = dict.fromkeys(live, 0)
-    recovered: dict[int, list] = {}
-    restarted: dict[int, list] = {}
-    for e in sorted(entries, key=lambda e: e.traj_id):
-        group = groups.get(e.group_id) or PromptGroup(
-            e.group_id, list(e.prompt_ids), n=e.sample_idx + 1, meta={}
-        )
-        params = SamplingParams(
-            seed=sample_seed(run_seed, e.traj_id), **{**sampling, **group.meta.get("sampling", {})}
-        )
-        same = [r for r, v in live.items() if v == e.version]
+    out = []
+    for w in sorted(work, key=lambda w: w.group.group_id):
+        if not w.homeless and not w.unstarted:
+            continue
+        version = next(iter(w.versions)) if len(w.versions) == 1 else None
+        same = [r for r, v in live.items() if v == version]
+        g = w.group
         if same:
             target = min(same, key=lambda r: (load[r], r))
-            tokens, logprobs, version = list(e.response_ids), list(e.logprobs), e.version
-            bucket = recovered
+            items = [
+                _item(g, e.sample_idx, version, e.response_ids, e.logprobs, sampling, run_seed, now)
+                for e in sorted(w.homeless, key=lambda e: e.sample_idx)
+            ]
+            items += [_item(g, i, version, [], [], sampling, run_seed, now) for i in sorted(w.unstarted)]
+            restart = False
         elif live:
             target = min(live, key=lambda r: (load[r], r))
-            tokens, logprobs, version = [], [], live[target]
-            bucket = restarted
+            version = live[target]
+            items = [_item(g, i, version, [], [], sampling, run_seed, now) for i in range(g.n)]
+            restart = True
         else:
-            continue  # nothing alive: the caller keeps them in the pool for the replacement
-        load[target] += 1
-        exported = ExportedRequest(
-            e.traj_id, list(e.prompt_ids), tokens, logprobs, [version] * len(tokens), params, version
-        )
-        state = InFlight(
-            group, e.sample_idx, version, now, list(tokens), list(logprobs), reported=len(tokens)
-        )
-        bucket.setdefault(target, []).append((exported, state))
-    return Recovery(sorted(recovered.items()), sorted(restarted.items()))
+            return []
+        load[target] += len(items)
+        out.append(Placement(target, g, version, items, restart))
+    return out

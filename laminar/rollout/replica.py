@@ -9,7 +9,6 @@ by the loop thread between two engine steps, so the engine is only ever touched 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 import hashlib
 import queue
 import threading
@@ -138,25 +137,15 @@ class RolloutReplica:
 
         return self.run_in_loop(export)
 
-    def import_requests(self, items: list[tuple[Any, InFlight]], restart: bool = False) -> list[str]:
-        """Accept moved trajectories of this replica's version; returns the ids refused (version differs).
-        With `restart`, trajectories start over from their prompt on whatever version this replica holds
-        (recovery when no replica of their own version is left): never refused."""
+    def import_requests(self, items: list[tuple[Any, InFlight]]) -> list[str]:
+        """Accept moved or recovered trajectories of this replica's version (from their tokens so far, or from
+        their prompt when they have none); returns the ids refused (version differs)."""
 
         def import_() -> list[str]:
             refused = []
             for exported, state in items:
                 rid = state.group.traj_id(state.sample_idx)
-                if restart:
-                    version = self.engine.version
-                    exported = dataclasses.replace(
-                        exported, output_token_ids=[], logprobs=[], token_versions=[], version=version
-                    )
-                    state = dataclasses.replace(
-                        state, version=version, response_ids=[], logprobs=[], reported=0
-                    )
-                    self.partial_pool.restart.remote(rid, self.id, version, state.group)
-                elif state.version != self.engine.version:
+                if state.version != self.engine.version:
                     refused.append(rid)
                     continue
                 self.engine.import_request(exported)

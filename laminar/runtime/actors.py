@@ -86,10 +86,14 @@ class BufferActor:
         finally:
             self.buffer.sampler = default
 
-    def samples_seen(self, group_id: int, n: int) -> list[int]:
-        """Which samples of a group the buffer has (or had): recovery restarts only the others."""
+    def group_state(self, group_id: int, traj_ids: list[str]) -> tuple[list[str], set[int]]:
+        """Which of a group's ids the buffer has (or had), and the versions it holds them at (recovery)."""
         with self.cond:
-            return [i for i in range(n) if f"{group_id}:{i}" in self.buffer.seen]
+            return self.buffer.group_state(group_id, traj_ids)
+
+    def restart_group(self, group_id: int, traj_ids: list[str], version: int) -> bool:
+        with self.cond:
+            return self.buffer.restart_group(group_id, traj_ids, version)
 
     def num_ready(self) -> int:
         return self.buffer.num_ready()
@@ -98,9 +102,10 @@ class BufferActor:
         with self.cond:
             return self.buffer.stats()
 
-    def held_ids(self) -> set[str]:
+    def held_ids(self) -> tuple[set[str], dict[str, str]]:
+        """The ids held now, and those dropped with the reason (the audit's end record)."""
         with self.cond:
-            return self.buffer.held_ids()
+            return self.buffer.held_ids(), dict(self.buffer.dropped)
 
     def state_dict(self) -> dict[str, Any]:
         with self.cond:
@@ -211,5 +216,5 @@ class ReplicaActor:
     def export_requests(self, request_ids: list[str]) -> list[Any]:
         return self.replica.export_requests(request_ids)
 
-    def import_requests(self, items: list[Any], restart: bool = False) -> list[str]:
-        return self.replica.import_requests(items, restart=restart)
+    def import_requests(self, items: list[Any]) -> list[str]:
+        return self.replica.import_requests(items)

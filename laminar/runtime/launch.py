@@ -51,17 +51,6 @@ def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
     raise ValueError(f"task.name={cfg.task.name!r}: expected 'reverse' (built in) or a .jsonl file of rows")
 
 
-def lost_trajectories(accounting: dict[str, Any], trained: set[str], group_size: int) -> int:
-    """Trajectories issued in a run's timeline (every segment, after a resume too) that are neither trained,
-    held by the buffer, in flight, nor queued to be issued again (`Runtime.stop` gathers the sets). Evicted
-    ones count as lost."""
-    queued = set(accounting["queued_groups"])
-    issued = {
-        f"{g}:{i}" for g in range(accounting["issued_groups"]) if g not in queued for i in range(group_size)
-    }
-    return len(issued - trained - accounting["held"] - accounting["in_flight"])
-
-
 def _node_of(_actor: Any) -> str:
     return ray.get_runtime_context().get_node_id()
 
@@ -123,7 +112,6 @@ class Runtime:
     relay_of_node: dict[str, Any] = field(default_factory=dict)
     replicas: dict[int, Any] = field(default_factory=dict)
     trained_ids: set[str] = field(default_factory=set)
-    duplicated: int = 0
     version: int = 0
     publish_times: dict[int, float] = field(default_factory=dict)
     engine_path: str = ""
@@ -188,6 +176,12 @@ class Runtime:
         if resume is not None:
             rt.restore(resume)
             rt.engine_path = str(resume)  # the replicas start from the checkpoint's weights, at its version
+        recorder.log(  # where this segment of the run starts, for `laminar audit`
+            "segment",
+            resumed_at=rt.version if resume is not None else None,
+            group_size=t.group_size,
+            issued_groups=ray.get(rt.prompt_pool.stats.remote(), timeout=cfg.run.timeout_s)["issued"],
+        )
 
         sampling = {
             "temperature": r.temperature,
@@ -296,10 +290,7 @@ class Runtime:
             except ray.exceptions.RayActorError:  # a relay died: the manager rebuilt the chain
                 self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
             m["stall_s"] += time.time() - t
-        for tid in m.pop("traj_ids"):
-            if tid in self.trained_ids:
-                self.duplicated += 1
-            self.trained_ids.add(tid)
+        self.trained_ids.update(m.pop("traj_ids"))
         self.manager.trainer_update.remote(self.version, len(groups))
         if self.cfg.run.save_trajectories:
             self._save_trajectories(groups)
@@ -361,13 +352,16 @@ class Runtime:
         t = self.cfg.run.timeout_s
         buf = ray.get(self.buffer.stats.remote(), timeout=t)
         inflight = ray.get(self.partial_pool.stats.remote(), timeout=t)
-        accounting = {
-            "issued_groups": ray.get(self.prompt_pool.stats.remote(), timeout=t)["issued"],
-            "queued_groups": ray.get(self.prompt_pool.queued_group_ids.remote(), timeout=t),
-            "held": ray.get(self.buffer.held_ids.remote(), timeout=t),
-            "in_flight": ray.get(self.partial_pool.traj_ids.remote(), timeout=t),
-        }
-        return {"buffer": buf, "partial": inflight, "accounting": accounting, **report}
+        held, dropped = ray.get(self.buffer.held_ids.remote(), timeout=t)
+        self.recorder.log(  # what this segment leaves behind, for `laminar audit`
+            "end",
+            issued_groups=ray.get(self.prompt_pool.stats.remote(), timeout=t)["issued"],
+            queued_groups=ray.get(self.prompt_pool.queued_group_ids.remote(), timeout=t),
+            in_flight=sorted(ray.get(self.partial_pool.traj_ids.remote(), timeout=t)),
+            held=sorted(held),
+            dropped=dropped,
+        )
+        return {"buffer": buf, "partial": inflight, **report}
 
     def _restart_trainer(self) -> None:
         """The trainer died: a new one loads the last checkpoint and trains again on every batch consumed since

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from laminar.data.experience_buffer import BufferFull, ExperienceBuffer
+from laminar.data.experience_buffer import ExperienceBuffer
 from laminar.data.records import Trajectory
 
 
@@ -50,26 +50,33 @@ def test_staleness_stats_and_optional_bound():
     assert s["staleness_hist"] == {0: 1, 1: 1, 2: 1}
 
 
-def test_capacity_policies():
+def test_full_buffer_evicts_the_oldest_ready_group_and_names_why():
     evict = ExperienceBuffer(group_size=1, capacity=2)
     for g in range(3):
         evict.add(traj(g, 0))
     assert [g[0].group_id for g in evict.sample(2, version=0)] == [1, 2]
-    assert evict.stats()["evicted"] == 1
-    reject = ExperienceBuffer(group_size=1, capacity=2, overflow="reject")
-    reject.add(traj(0, 0))
-    reject.add(traj(1, 0))
-    assert reject.full()
-    with pytest.raises(BufferFull, match="capacity 2"):
-        reject.add(traj(2, 0))
-    assert len(reject) == 2
+    assert evict.stats()["evicted"] == 1 and evict.dropped == {"0:0": "evicted"}
 
 
-def test_pluggable_sampler_and_mixed_versions_are_reported():
+def test_a_group_is_trained_at_one_version_only():
+    buf = ExperienceBuffer(group_size=2)
+    buf.add(traj(0, 0, 1))
+    assert buf.add(traj(0, 1, 2)) and buf.pending[0].keys() == {1}  # issued again: the newer run supersedes
+    assert not buf.add(traj(0, 0, 1))  # a late sample of the old run is ignored
+    assert buf.add(traj(0, 0, 2)) and [t.version for t in buf.ready[0]] == [2, 2]
+    buf.add(traj(1, 0, 3))
+    assert buf.restart_group(1, ["1:0", "1:1"], version=2)  # recovery: only version 2 from now on
+    assert not buf.pending and not buf.add(traj(1, 0, 3))
+    assert buf.add(traj(1, 0, 2)) and buf.add(traj(1, 1, 2)) and buf.num_ready() == 2
+    assert not buf.restart_group(1, ["1:0", "1:1"], version=5)  # complete: nothing to restart
+    assert buf.stats()["superseded"] == 4 and not buf.dropped
+
+
+def test_pluggable_sampler():
     buf = ExperienceBuffer(group_size=2, sampler="freshest")
     buf.add(traj(0, 0, 1)), buf.add(traj(0, 1, 1)), buf.add(traj(1, 0, 3)), buf.add(traj(1, 1, 3))
-    buf.add(traj(2, 0, 2)), buf.add(traj(2, 1, 4))
-    assert buf.stats()["mixed_version_groups"] == 1
+    buf.add(traj(2, 0, 2)), buf.add(traj(2, 1, 4))  # never a group of two versions: 2:0 is superseded
+    assert buf.num_ready() == 2 and buf.pending[2].keys() == {1}
     assert buf.sample(1, version=4)[0][0].group_id == 1
     custom = ExperienceBuffer(group_size=1, sampler=lambda ready, k, v: list(range(len(ready)))[-k:])
     for g in range(3):

@@ -1,0 +1,232 @@
+"""`laminar audit RUN_DIR`: every trajectory the prompt pool issued was trained exactly once, or is lost for a
+named reason, checked from the run folder's own records over every segment of a resumed run.
+
+The records it reads, all in `metrics.jsonl` (plus `trajectories.jsonl` when the run saved it):
+- `segment`: one per `laminar train` (a resume starts a new one), with the group size and how many groups the
+  prompt pool had issued when it started;
+- `step`: the ids trained by each trainer step;
+- `end`: what a segment left behind when it stopped: groups issued, ids in flight, held by the buffer, queued
+  for re-issue, and ids the buffer dropped with the reason (evicted, stale).
+
+A resumed segment continues from a checkpoint: the steps an earlier segment took past it were rolled back (their
+weights were never kept), so a step record for step s drops every earlier record of a step >= s. Group ids are
+issued in order from 0, so `issued_groups` names every id issued. `summary.json` takes its `lost` and
+`duplicated` from `audit_run`, so the summary and the files cannot disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class Audit:
+    segments: int = 0
+    issued: int = 0  # trajectory ids issued (every sample of every group)
+    trained: int = 0  # distinct ids trained by the steps kept
+    rolled_back_steps: int = 0  # step records of a segment, past the checkpoint the next segment resumed from
+    pending: int = 0  # issued, not trained yet, and in flight, in the buffer or queued at the end: not lost
+    duplicated: dict[str, int] = field(default_factory=dict)  # id -> times trained, when more than once
+    lost: dict[str, str] = field(
+        default_factory=dict
+    )  # id -> why: issued, never trained, and nowhere at the end
+    problems: list[str] = field(default_factory=list)  # records that contradict each other
+
+    @property
+    def unexplained(self) -> list[str]:
+        return sorted(tid for tid, why in self.lost.items() if why == "unexplained")
+
+    @property
+    def ok(self) -> bool:
+        return not self.duplicated and not self.unexplained and not self.problems
+
+    def counts(self) -> dict[str, int]:
+        """The numbers `summary.json` reports under `trajectories`."""
+        return {
+            "issued": self.issued,
+            "trained": self.trained,
+            "lost": len(self.lost),
+            "duplicated": sum(n - 1 for n in self.duplicated.values()),
+        }
+
+
+def _lineage(steps: Iterable[tuple[int, list[str]]]) -> tuple[dict[int, list[str]], int]:
+    """The steps the final weights went through: a step s drops every earlier step >= s (a resume rolled them
+    back). Returns the kept steps and how many were dropped."""
+    kept: dict[int, list[str]] = {}
+    dropped = 0
+    for step, ids in steps:
+        stale = [s for s in kept if s >= step]
+        dropped += len(stale)
+        for s in stale:
+            del kept[s]
+        kept[step] = list(ids)
+    return kept, dropped
+
+
+def _group_of(traj_id: str) -> int:
+    return int(traj_id.split(":", 1)[0])
+
+
+def audit_records(
+    records: Iterable[dict[str, Any]],
+    trajectories: Iterable[dict[str, Any]] | None = None,
+    group_size: int | None = None,
+) -> Audit:
+    """The audit of one run from its records (`metrics.jsonl` rows, in order) and, if saved, its
+    `trajectories.jsonl` rows. `group_size` is only needed for runs written before segments were recorded."""
+    audit = Audit()
+    steps: list[tuple[int, list[str]]] = []
+    last_start: dict[str, Any] = {}
+    last_end: dict[str, Any] | None = None
+    dispatched: set[int] = set()  # by the last segment
+    for r in records:
+        kind = r.get("kind")
+        if kind == "segment":
+            audit.segments += 1
+            last_start, last_end, dispatched = r, None, set()
+            group_size = r.get("group_size", group_size)
+        elif kind == "step":
+            steps.append((r["step"], list(r["traj_versions"])))
+        elif kind == "dispatch":
+            dispatched.update(r["groups"])
+        elif kind == "end":
+            last_end = r
+    audit.segments = max(audit.segments, 1)
+    if group_size is None:
+        raise ValueError("audit: the records name no group size (no `segment` record and no config)")
+
+    kept, audit.rolled_back_steps = _lineage(steps)
+    times = Counter(tid for ids in kept.values() for tid in ids)
+    audit.trained = len(times)
+    audit.duplicated = {tid: n for tid, n in sorted(times.items()) if n > 1}
+
+    if trajectories is not None:
+        by_step: dict[int, list[str]] = {}
+        order: list[tuple[int, list[str]]] = []
+        for row in trajectories:  # rows of one step are consecutive; a step number going back is a resume
+            step = row["trained_at"]
+            if not order or order[-1][0] != step:
+                order.append((step, []))
+            order[-1][1].append(row["traj_id"])
+        by_step, _ = _lineage(order)
+        saved = Counter(tid for ids in by_step.values() for tid in ids)
+        if saved != times:
+            differ = sorted(set(saved.items()) ^ set(times.items()))[:5]
+            audit.problems.append(
+                f"trajectories.jsonl and metrics.jsonl disagree on what was trained (e.g. {differ})"
+            )
+
+    if last_end is not None:
+        issued_groups = last_end["issued_groups"]
+        pending = set(last_end["in_flight"]) | set(last_end["held"])
+        queued = set(last_end["queued_groups"])
+        dropped = dict(last_end["dropped"])
+    else:
+        # The last segment stopped without writing its frontier: what it issued is known from its dispatches.
+        issued_groups = max([last_start.get("issued_groups", 0), *(g + 1 for g in dispatched)])
+        pending, queued, dropped = set(), set(), {}
+        audit.problems.append(
+            f"segment {audit.segments} has no `end` record (the run did not stop cleanly): what it had in "
+            "flight is unknown; resume it (`laminar train --resume RUN_DIR`) and audit again"
+        )
+    beyond = sorted(g for g in dispatched if g >= issued_groups)
+    if beyond:
+        audit.problems.append(
+            f"groups {beyond[:5]} were dispatched but the prompt pool counts {issued_groups}"
+        )
+    never_issued = sorted(tid for tid in times if _group_of(tid) >= issued_groups)
+    if never_issued:
+        audit.problems.append(f"trained but never issued: {never_issued[:5]} ({len(never_issued)} in all)")
+
+    audit.issued = issued_groups * group_size
+    for g in range(issued_groups):
+        for i in range(group_size):
+            tid = f"{g}:{i}"
+            if tid in times:
+                continue
+            if tid in pending or g in queued:
+                audit.pending += 1
+            else:
+                audit.lost[tid] = dropped.get(tid, "unexplained")
+    return audit
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    lines = path.read_text().splitlines()
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if n == len(lines):  # a crash can cut the last line short
+                break
+            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+    return rows
+
+
+def audit_run(run_dir: str | Path) -> Audit:
+    """The audit of a run folder written by `laminar train`."""
+    run = Path(run_dir)
+    metrics = run / "metrics.jsonl"
+    if not metrics.is_file():
+        raise FileNotFoundError(f"{run} holds no metrics.jsonl: not a run folder of `laminar train`")
+    group_size = None
+    config = run / "config.yaml"
+    if config.is_file():
+        group_size = (yaml.safe_load(config.read_text()) or {}).get("trainer", {}).get("group_size")
+    saved = run / "trajectories.jsonl"
+    return audit_records(_jsonl(metrics), _jsonl(saved) if saved.is_file() else None, group_size)
+
+
+def report(audit: Audit) -> str:
+    """A few lines a person reads: the counts, then each kind of fault with a few ids."""
+    reasons = Counter(audit.lost.values())
+    lines = [
+        f"segments {audit.segments}, issued {audit.issued}, trained {audit.trained}, pending at end "
+        f"{audit.pending}, lost {len(audit.lost)}"
+        + (f" ({', '.join(f'{why} {n}' for why, n in sorted(reasons.items()))})" if reasons else "")
+        + f", duplicated {audit.counts()['duplicated']}",
+    ]
+    if audit.rolled_back_steps:
+        lines.append(
+            f"rolled back on resume: {audit.rolled_back_steps} steps past a checkpoint (not counted)"
+        )
+    if audit.duplicated:
+        few = ", ".join(f"{t} x{n}" for t, n in list(audit.duplicated.items())[:5])
+        lines.append(f"DUPLICATED: {len(audit.duplicated)} ids trained more than once, e.g. {few}")
+    if audit.unexplained:
+        lines.append(
+            f"LOST without a reason: {len(audit.unexplained)} ids issued, never trained, and nowhere at the "
+            f"end, e.g. {', '.join(audit.unexplained[:5])}"
+        )
+    lines += [f"PROBLEM: {p}" for p in audit.problems]
+    lines.append("ok" if audit.ok else "FAILED")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="laminar audit",
+        description="Check that every trajectory of a run was trained exactly once or is lost for a reason.",
+    )
+    ap.add_argument("run_dir", help="a run folder written by `laminar train`")
+    args = ap.parse_args(argv)
+    try:
+        audit = audit_run(args.run_dir)
+    except (OSError, ValueError) as e:
+        print(f"laminar audit: {e}", file=sys.stderr)
+        return 2
+    print(report(audit))
+    return 0 if audit.ok else 1
