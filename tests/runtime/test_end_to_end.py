@@ -139,3 +139,17 @@ def test_resume_from_a_checkpoint_file_replaced_by_a_pickle_runs_nothing(
     assert len(err) == 1 and victim in err[0], err
     assert not marker.exists()
     assert (run / "config.yaml").read_text() == config_before
+
+
+def test_laminar_audit_passes_on_the_run_and_agrees_with_the_summary(laminar_run, capsys):
+    from laminar.cli import main
+    from laminar.telemetry.audit import audit_run
+
+    out, summary, records = laminar_run
+    assert [r["kind"] for r in records if r["kind"] in ("segment", "end")] == ["segment", "end"]
+    assert main(["audit", str(out)]) == 0, capsys.readouterr().out
+    assert capsys.readouterr().out.strip().endswith("ok")
+    audit = audit_run(out)
+    t = summary["trajectories"]
+    assert audit.ok and t["audit_ok"] and audit.trained == t["trained"] == 32
+    assert (t["lost"], t["duplicated"]) == (audit.counts()["lost"], audit.counts()["duplicated"]) == (0, 0)

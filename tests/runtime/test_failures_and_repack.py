@@ -16,6 +16,7 @@ import ray
 from laminar.config import load_config
 from laminar.engine import Engine, SamplingParams
 from laminar.rollout.replica import sample_seed
+from laminar.telemetry.audit import audit_run
 from laminar.train import train
 
 pytestmark = pytest.mark.slow
@@ -66,6 +67,7 @@ def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster,
     summary = train(cfg, out, quiet=True)
     moved = {tid for r in records_of(out) if r["kind"] == "repack" for tid in r["ids"]}
     assert summary["repacks"]["moved"] == len(moved) > 0, summary["repacks"]
+    assert audit_run(out).ok
     trained = {}
     for r in records_of(out):
         if r["kind"] == "step":
@@ -144,6 +146,7 @@ def test_a_killed_replica_and_killed_relays_lose_nothing(ray_cluster, tiny_model
     assert f["rollouts"] >= 1 and f["relays"] >= 2, f
     assert t["lost"] == 0 and t["duplicated"] == 0, t
     assert summary["trainer_steps"] == 10
+    assert audit_run(tmp_path).ok
     records = records_of(tmp_path)
     assert [r for r in records if r["kind"] == "step"][-1]["version"] == 10
     # versions kept arriving through the new master and the rebuilt chain
@@ -204,6 +207,8 @@ def test_a_run_stopped_hard_and_resumed_trains_every_prompt_once(ray_cluster, ti
     t = summary["trajectories"]
     assert t["duplicated"] == 0 and t["lost"] == 0, t
     assert t["trained"] == len(before) + len(after), "the count covers both segments of the run"
+    audit = audit_run(tmp_path)
+    assert audit.ok and audit.segments == 2, audit
 
 
 def test_a_killed_trainer_restarts_from_its_checkpoint_and_catches_up(ray_cluster, tiny_model_dir, tmp_path):
