@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,45 @@ class WeightLayout:
             entries.append(WeightEntry(name, tuple(t.shape), dtype, offset, nbytes))
             offset += -(-nbytes // ALIGN) * ALIGN
         return cls(tuple(entries), offset)
+
+    @classmethod
+    def raw(cls, nbytes: int) -> WeightLayout:
+        """One flat uint8 tensor of `nbytes`: benchmarks and tests that move bytes, not a model."""
+        return cls((WeightEntry("flat", (nbytes,), "uint8", 0, nbytes),), nbytes)
+
+    def to_json(self) -> dict:
+        return {
+            "entries": [[e.name, list(e.shape), e.dtype, e.offset, e.nbytes] for e in self.entries],
+            "total_bytes": self.total_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> WeightLayout:
+        """A layout read from the network: every entry must lie inside the buffer, sized by its shape and
+        dtype, without overlapping the one before; anything else raises ValueError naming the entry."""
+        total = data["total_bytes"]
+        if not isinstance(total, int) or total < 0:
+            raise ValueError(f"layout total_bytes={total!r}: expected a non-negative integer")
+        entries, end = [], 0
+        for raw in data["entries"]:
+            name, shape, dtype, offset, nbytes = raw
+            if not isinstance(name, str) or dtype not in DTYPES:
+                raise ValueError(f"layout entry {raw!r}: expected a name and a dtype among {sorted(DTYPES)}")
+            if not all(isinstance(d, int) and d >= 0 for d in shape):
+                raise ValueError(f"layout entry {name!r}: shape {shape!r} must be non-negative integers")
+            itemsize = torch.empty(0, dtype=DTYPES[dtype]).element_size()
+            if not isinstance(offset, int) or nbytes != math.prod(shape) * itemsize:
+                raise ValueError(
+                    f"layout entry {name!r}: {nbytes!r} bytes do not match shape {shape} of {dtype}"
+                )
+            if offset < end or offset + nbytes > total:
+                raise ValueError(
+                    f"layout entry {name!r}: bytes [{offset}, {offset + nbytes}) overlap the previous entry "
+                    f"or pass the end of the {total}-byte buffer"
+                )
+            end = offset + nbytes
+            entries.append(WeightEntry(name, tuple(shape), dtype, offset, nbytes))
+        return cls(tuple(entries), total)
 
 
 def flatten_state_dict(state_dict: dict[str, torch.Tensor]) -> tuple[WeightLayout, np.ndarray]:

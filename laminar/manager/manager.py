@@ -60,6 +60,7 @@ class RolloutManager:
         self._changed = asyncio.Event()
         self._updated = asyncio.Event()  # a trainer update: a moment to repack (design section 5)
         self.handles: dict[int, Any] = {}
+        self.relays_made = 0
         self.repack_cfg: dict[str, Any] | None = None
         self.repack_stats = RepackStats()
         self.failures = {
@@ -87,6 +88,7 @@ class RolloutManager:
         repack: dict[str, Any] | None,
         replica_spec: dict[str, Any],
         relays: list[Any],
+        relay_settings: Any,
         relay_of_node: dict[str, Any],
         master_node: str,
         node_of_replica: dict[int, str],
@@ -110,6 +112,9 @@ class RolloutManager:
             node_of_replica,
         )
         self.master_node = master_node
+        self.relay_settings = (
+            relay_settings  # a replacement relay gets the run's secret, slots and chunk size
+        )
         self.heartbeat_s, self.dead_after_s, self.timeout_s = heartbeat_s, dead_after_s, timeout_s
         self.max_failures_in_a_row = max_failures_in_a_row
 
@@ -479,7 +484,9 @@ class RolloutManager:
         from laminar.relay.chain import build_chain, relay_on_node
         from laminar.runtime.launch import import_engine
 
-        relay = relay_on_node(node, f"relay-{'master' if master else node[:6]}-{len(self.relays)}")
+        self.relays_made += 1
+        name = f"relay-{'master' if master else node[:6]}-r{self.relays_made}"  # unique within the chain
+        relay = relay_on_node(node, name, self.relay_settings)
         await relay.__ray_call__.remote(import_engine)
         if master:
             self.relays.insert(0, relay)

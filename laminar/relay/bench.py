@@ -33,38 +33,35 @@ def _start_cluster(num_workers: int) -> Any:
     return cluster
 
 
-class _Layout:
-    """A stand-in for the engine's WeightLayout: the relay path treats layouts as opaque."""
-
-    def __init__(self, total_bytes: int):
-        self.total_bytes = total_bytes
-
-
 def _run_chain(
     head: str, workers: list[str], nbytes: int, chunk_bytes: int, versions: int, warmup: int
 ) -> dict[str, Any]:
     """Publish `versions` versions through master -> workers; per version, wait for the last relay."""
     import ray
 
+    from laminar.engine.weights import WeightLayout
     from laminar.relay.chain import build_chain, relay_on_node
     from laminar.relay.publisher import WeightPublisher
+    from laminar.relay.relay import RelaySettings
 
-    relays = [relay_on_node(head, "bench-master", chunk_bytes=chunk_bytes)]
-    relays += [relay_on_node(n, f"bench-{i}", chunk_bytes=chunk_bytes) for i, n in enumerate(workers)]
+    settings = RelaySettings.for_run(chunk_bytes=chunk_bytes)
+    relays = [relay_on_node(head, "bench-master", settings)]
+    relays += [relay_on_node(n, f"bench-{i}", settings) for i, n in enumerate(workers)]
     build_chain(relays)
     pub = WeightPublisher(relays[0])
     w = np.random.default_rng(0).integers(0, 256, size=nbytes, dtype=np.uint8)
-    stalls, reach = [], []
+    stalls, reach, receive = [], [], []
     try:
         for v in range(1, versions + 1):
             w[:8] = v  # a different version each time, at no cost
-            stall = pub.publish(v, w, _Layout(nbytes))
+            stall = pub.publish(v, w, WeightLayout.raw(nbytes))
             ray.get([r.wait_version.remote(v, 300) for r in relays], timeout=600)
             stats = ray.get([r.stats.remote() for r in relays], timeout=60)
             t0 = pub.publish_times[v]
             if v > warmup:
                 stalls.append(stall)
                 reach.append([s["versions"][v]["t_complete"] - t0 for s in stats])
+                receive.append([s["versions"][v]["t_complete"] - s["versions"][v]["t_begin"] for s in stats])
         pulls = _pull_times(relays[-1], nbytes) if workers else {}
     finally:
         pub.close()
@@ -72,6 +69,9 @@ def _run_chain(
             ray.get(r.shutdown.remote(), timeout=30)
             ray.kill(r)
     per_relay = [statistics.median(col) for col in zip(*reach)]
+    # Each relay's own rate: bytes over the time from its BEGIN to complete and verified (for the master, the
+    # copy and checksum out of the trainer's slot; for the others, one hop of the chain).
+    per_hop = [nbytes / statistics.median(col) / 1e9 for col in zip(*receive)]
     return {
         "relays_after_master": len(workers),
         "chunk_bytes": chunk_bytes,
@@ -80,6 +80,7 @@ def _run_chain(
         "stall_min_s": min(stalls),
         "reach_s_by_version": reach,
         "reach_median_s": per_relay,  # index 0 is the master relay
+        "receive_gb_per_s": per_hop,
         "pulls": pulls,
     }
 
@@ -118,6 +119,93 @@ def _pull_times(relay: Any, nbytes: int, repeats: int = 5) -> dict[str, float]:
     finally:
         reader.close()
     return out
+
+
+def _security_costs(nbytes: int, chunk_bytes: int, repeats: int = 50) -> dict[str, float]:
+    """What authentication adds: one handshake on loopback, one version's digest, and the chunk checksum's
+    rate (CRC32C now; zlib's CRC32, the earlier check, beside it)."""
+    import secrets
+    import socket
+    import zlib
+
+    from laminar.relay import wire
+    from laminar.relay.relay import Relay
+    from laminar.relay.slots import num_chunks
+
+    secret = secrets.token_bytes(32)
+    relay = Relay("bench-handshake", secret=secret, host="127.0.0.1")
+    relay.set_upstream("bench-peer")
+    times = []
+    try:
+        for _ in range(repeats):
+            t = time.perf_counter()
+            with socket.create_connection(relay.address(), timeout=10) as sock:
+                wire.offer_handshake(sock, secret, "bench-peer")
+            times.append(time.perf_counter() - t)
+    finally:
+        relay.shutdown()
+    crcs = list(range(num_chunks(nbytes, chunk_bytes)))
+    blob = wire.encode_layout({"nbytes": nbytes})
+    t = time.perf_counter()
+    for _ in range(repeats):
+        wire.version_digest(secret, 1, nbytes, chunk_bytes, blob, crcs)
+    digest_s = (time.perf_counter() - t) / repeats
+    data = np.random.default_rng(0).integers(0, 256, size=min(nbytes, 256 << 20), dtype=np.uint8)
+    rates = {}
+    for name, fn in (("crc32c", wire.checksum), ("zlib_crc32", zlib.crc32)):
+        t = time.perf_counter()
+        fn(data)
+        rates[name] = data.nbytes / (time.perf_counter() - t) / 1e9
+    return {
+        "handshake_median_s": statistics.median(times),
+        "version_digest_s": digest_s,
+        "checksum_gb_per_s_one_thread": rates["crc32c"],
+        "zlib_crc32_gb_per_s_one_thread": rates["zlib_crc32"],
+    }
+
+
+def _tcp_link_gbps(nbytes: int) -> float:
+    """The link itself: one TCP stream on loopback, sendfile from shared memory into recv_into (no relay)."""
+    import socket
+    import threading
+
+    from laminar.relay import wire
+    from laminar.relay.slots import ShmBuffer, new_buffer_path
+
+    src = ShmBuffer(new_buffer_path("bench-tcp", 0), nbytes)
+    src.array[:] = 1
+    dst = np.empty(nbytes, dtype=np.uint8)
+    server = socket.create_server(("127.0.0.1", 0))
+    took: list[float] = []
+
+    def receive() -> None:
+        conn, _ = server.accept()
+        with conn:
+            wire.recv_into_exact(conn, memoryview(dst))
+            conn.sendall(b"k")
+
+    try:
+        for _ in range(3):
+            t = threading.Thread(target=receive)
+            t.start()
+            with socket.create_connection(server.getsockname()[:2]) as sock:
+                t0 = time.perf_counter()
+                sock.sendfile(_FileNo(src.fd), 0, nbytes)  # type: ignore[arg-type]
+                wire.recv_exact(sock, 1)
+                took.append(time.perf_counter() - t0)
+            t.join()
+    finally:
+        server.close()
+        src.close()
+    return nbytes / statistics.median(took) / 1e9
+
+
+class _FileNo:
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    def fileno(self) -> int:
+        return self._fd
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
@@ -190,7 +278,10 @@ def main(argv: list[str]) -> int:
                 "loadavg_at_start": os.getloadavg(),
             },
             "definitions": {
-                "reach_median_s": "publish call -> version complete and CRC-verified at each relay; [0] is the master",
+                "reach_median_s": "publish call -> version complete, checksummed and its digest verified at each "
+                "relay; [0] is the master",
+                "receive_gb_per_s": "bytes / (complete - BEGIN) at each relay: the master's copy, then each hop",
+                "tcp_link_gb_per_s": "one plain TCP stream on the same loopback, sendfile -> recv_into",
                 "stall": "WeightPublisher.publish wall time (copy into the trainer's shm slot + async notify)",
             },
             "transport": "TCP over loopback between Ray nodes of one machine (ray.cluster_utils.Cluster)",
@@ -216,6 +307,10 @@ def main(argv: list[str]) -> int:
         reach = result["pipelined"]["reach_median_s"]
         result["last_over_first_relay"] = reach[-1] / reach[1]
         result["last_over_master"] = reach[-1] / reach[0]
+        hops = result["pipelined"]["receive_gb_per_s"][1:]
+        result["tcp_link_gb_per_s"] = _tcp_link_gbps(nbytes)
+        result["hop_over_link"] = [h / result["tcp_link_gb_per_s"] for h in hops]
+        result["security"] = _security_costs(nbytes, chunk)
         result["bench_wall_s"] = time.time() - t
     finally:
         ray.shutdown()
@@ -225,6 +320,9 @@ def main(argv: list[str]) -> int:
     (out / "relay.json").write_text(json.dumps(result, indent=2))
     _plot(result, out / "relay.png")
     print(
+        f"reach (s) {np.round(result['pipelined']['reach_median_s'], 3)}; receive GB/s "
+        f"{np.round(result['pipelined']['receive_gb_per_s'], 2)} (one TCP stream: {result['tcp_link_gb_per_s']:.2f}); "
+        f"security {result['security']}\n"
         f"last/first relay {result['last_over_first_relay']:.2f}x, last/master {result['last_over_master']:.2f}x; "
         f"stall by relays (ms) { {k: round(v * 1e3, 1) for k, v in result['stall_by_relays'].items()} }; "
         f"pull {result['pipelined']['pulls']}; wrote {out / 'relay.json'} and {out / 'relay.png'}"

@@ -12,20 +12,21 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from laminar.relay.relay import RelayActor
+from laminar.relay.relay import RelayActor, RelaySettings
 
 
-def relay_on_node(node_id: str, name: str, **relay_kwargs: Any) -> Any:
-    """Start one relay actor pinned to a Ray node (hard affinity: it must share /dev/shm with its readers)."""
+def relay_on_node(node_id: str, name: str, settings: RelaySettings, **relay_kwargs: Any) -> Any:
+    """Start one relay actor pinned to a Ray node (hard affinity: it must share /dev/shm with its readers).
+    Its secret travels here, as an actor argument over Ray, never over the relay link."""
     return RelayActor.options(
         name=None,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-    ).remote(name, **relay_kwargs)
+    ).remote(name, **settings.kwargs(), **relay_kwargs)
 
 
-def place_relays(node_ids: list[str], *, prefix: str = "relay", **relay_kwargs: Any) -> list[Any]:
+def place_relays(node_ids: list[str], settings: RelaySettings, *, prefix: str = "relay") -> list[Any]:
     """One relay per node, in the given order (the master's node first)."""
-    return [relay_on_node(nid, f"{prefix}-{i}", **relay_kwargs) for i, nid in enumerate(node_ids)]
+    return [relay_on_node(nid, f"{prefix}-{i}", settings) for i, nid in enumerate(node_ids)]
 
 
 def alive_node_ids() -> list[str]:
@@ -33,11 +34,16 @@ def alive_node_ids() -> list[str]:
 
 
 def build_chain(relays: list[Any], *, timeout: float = 30.0) -> list[tuple[str, int]]:
-    """Link relays[i] -> relays[i+1]; the last gets no downstream. Returns their addresses."""
-    addrs = ray.get([r.address.remote() for r in relays], timeout=timeout)
-    downs = [*addrs[1:], None]
-    ray.get([r.set_downstream.remote(d) for r, d in zip(relays, downs)], timeout=timeout)
-    return [tuple(a) for a in addrs]
+    """Link relays[i] -> relays[i+1]; the last gets no downstream. Returns their addresses. Each relay learns
+    its upstream's name first, so it accepts that relay, and only that one, before it connects."""
+    pings = ray.get([r.ping.remote() for r in relays], timeout=timeout)
+    names = [p["name"] for p in pings]
+    if len(set(names)) != len(names):
+        raise ValueError(f"relay names must be unique within a chain, got {names}")
+    addrs = [tuple(p["address"]) for p in pings]
+    ray.get([r.set_upstream.remote(up) for r, up in zip(relays, [None, *names[:-1]])], timeout=timeout)
+    ray.get([r.set_downstream.remote(d) for r, d in zip(relays, [*addrs[1:], None])], timeout=timeout)
+    return addrs
 
 
 def live_relays(relays: list[Any], *, timeout: float = 5.0) -> list[Any]:

@@ -36,8 +36,9 @@ class _FileNo:
 
 
 class Forwarder:
-    def __init__(self, pool: SlotPool, name: str, io_timeout: float = 60.0):
+    def __init__(self, pool: SlotPool, name: str, secret: bytes, io_timeout: float = 60.0):
         self._pool = pool
+        self._secret = secret
         self._cond = pool.cond  # the receiver's chunk_done wakes us through the pool's condition
         self._name = name
         self._io_timeout = io_timeout
@@ -144,9 +145,10 @@ class Forwarder:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     sock_gen = gen
                     with self._cond:
-                        self._sock = sock
+                        self._sock = sock  # from here a relink shuts it down, a stalled handshake too
                         if gen != self._gen:  # relinked while connecting
                             continue
+                    wire.offer_handshake(sock, self._secret, self._name)
                 self._send(sock, slot, gen)
                 self._finish_job(slot)
             except _Relinked:
@@ -165,7 +167,7 @@ class Forwarder:
 
     def _send(self, sock: socket.socket, slot: Slot, gen: int) -> None:
         version = slot.version
-        if not wire.send_begin(sock, version, slot.nbytes, slot.chunk_bytes, slot.layout):
+        if not wire.send_begin(sock, version, slot.nbytes, slot.chunk_bytes, slot.layout_blob):
             with self._cond:
                 self.skipped_by_downstream.append(version)
             return
@@ -194,6 +196,15 @@ class Forwarder:
             wire.send_header(sock, wire.CHUNK, i, crc, n)
             if n:
                 sock.sendfile(src, off, n)  # type: ignore[arg-type]
-        wire.send_header(sock, wire.END, version)
+        with self._cond:  # END carries the digest, which exists once this relay verified (or made) it
+            while not slot.digest and slot.state == WRITING and gen == self._gen and not self._stopped:
+                self._cond.wait(timeout=1.0)
+            if gen != self._gen:
+                raise _Relinked
+            digest = slot.digest
+        if not digest:
+            wire.send_header(sock, wire.ABORT, version)
+            return
+        wire.send_end(sock, version, digest)
         with self._cond:
             self.sent.append(version)

@@ -8,35 +8,47 @@ and matched. Plain class so it runs and tests without Ray; `RelayActor` is the R
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
-import zlib
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import ray
 
 from laminar.relay import wire
 from laminar.relay.forward import Address, Forwarder
-from laminar.relay.slots import READY, WRITING, MappedView, Slot, SlotPool
+from laminar.relay.slots import READY, SHM_DIR, WRITING, MappedView, Slot, SlotPool
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 4 << 20
+MAX_PENDING_HANDSHAKES = 16  # connections not yet authenticated; more are closed at once
 
 
-class Held(NamedTuple):
-    """The newest complete version a relay holds."""
+@dataclass(frozen=True)
+class RelaySettings:
+    """What every relay of one run shares: made once by the driver, handed to each relay (and each replacement)
+    through Ray, never over the relay link. `secret` authenticates links and versions (wire.py)."""
 
-    version: int
-    path: str
-    nbytes: int
-    layout: Any
+    secret: bytes
+    num_slots: int = 3
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+    @classmethod
+    def for_run(cls, num_slots: int = 3, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> RelaySettings:
+        return cls(secrets.token_bytes(32), num_slots, chunk_bytes)
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"secret": self.secret, "num_slots": self.num_slots, "chunk_bytes": self.chunk_bytes}
 
 
 @dataclass
@@ -70,25 +82,56 @@ class Relay:
         self,
         name: str = "relay",
         *,
+        secret: bytes,
         host: str | None = None,
         num_slots: int = 3,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         slot_timeout: float = 30.0,
         lease_ttl: float = 300.0,
+        max_version_bytes: int | None = None,
+        copy_threads: int | None = None,
     ):
-        if chunk_bytes <= 0:
-            raise ValueError(f"chunk_bytes={chunk_bytes}: must be positive")
+        """`secret`: the run's relay secret (RelaySettings); `max_version_bytes`: the largest version a BEGIN
+        may announce (default: the size of the shared-memory filesystem); `copy_threads`: the master's
+        parallel copy and checksum (default: up to 8, one per core)."""
+        if not wire.MIN_CHUNK_BYTES <= chunk_bytes <= wire.MAX_CHUNK_BYTES:
+            raise ValueError(
+                f"chunk_bytes={chunk_bytes}: must be {wire.MIN_CHUNK_BYTES} to {wire.MAX_CHUNK_BYTES} bytes"
+            )
+        if not isinstance(secret, bytes) or len(secret) < 16:
+            raise ValueError(
+                "secret: the run's relay secret must be at least 16 random bytes (RelaySettings)"
+            )
         self.name = name
+        self._secret = secret
         self._chunk_bytes = chunk_bytes
         self._slot_timeout = slot_timeout
         self._lease_ttl = lease_ttl
+        if max_version_bytes is None:
+            st = os.statvfs(SHM_DIR)
+            max_version_bytes = st.f_blocks * st.f_frsize
+        self._max_version_bytes = max_version_bytes
+        self._copiers = ThreadPoolExecutor(
+            copy_threads or min(8, os.cpu_count() or 1), thread_name_prefix=f"{name}-copy"
+        )
         self._pool = SlotPool(name, num_slots)
         self._cond = self._pool.cond
-        self._forwarder = Forwarder(self._pool, name)
+        self._forwarder = Forwarder(self._pool, name, secret)
+        self._upstream: str | None = None  # the only relay name this one accepts versions from
         self._leases: dict[int, tuple[Slot, float]] = {}
         self._lease_ids = itertools.count(1)
         self._history: dict[int, dict[str, Any]] = {}
-        self._counters = {"received": 0, "skipped": 0, "aborted": 0, "crc_errors": 0, "ingest_errors": 0}
+        self._counters = {
+            "received": 0,
+            "skipped": 0,
+            "aborted": 0,
+            "crc_errors": 0,
+            "digest_errors": 0,
+            "ingest_errors": 0,
+            "refused_connections": 0,
+        }
+        self._refusals: deque[dict[str, Any]] = deque(maxlen=100)
+        self._handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
         self._stopped = False
         self._offer: _Offer | None = None
         self._server = socket.create_server((host or node_ip(), 0))
@@ -109,6 +152,11 @@ class Relay:
         """Point this relay at the next one in the chain (None: last); the manager orders the chain."""
         self._forwarder.set_downstream(tuple(addr) if addr is not None else None)  # type: ignore[arg-type]
 
+    def set_upstream(self, name: str | None) -> None:
+        """The one relay (by name) this relay takes versions from; set before that relay is pointed here."""
+        with self._cond:
+            self._upstream = name
+
     def ping(self) -> dict[str, Any]:
         newest = self._pool.newest()
         return {
@@ -119,11 +167,6 @@ class Relay:
         }
 
     # ---- readers ------------------------------------------------------------------------------------------
-    def latest(self) -> Held | None:
-        with self._cond:
-            s = self._pool.newest()
-            return None if s is None else Held(s.version, s.buffer.path, s.nbytes, s.layout)
-
     def newest_version(self) -> int | None:
         """The newest complete version here: the cheap question a generating replica asks (no layout)."""
         with self._cond:
@@ -203,6 +246,8 @@ class Relay:
                 "leases": len(self._leases),
                 "forwarded": list(self._forwarder.sent),
                 "versions": {v: dict(h) for v, h in self._history.items()},
+                "upstream": self._upstream,
+                "refusals": list(self._refusals),
                 **self._counters,
             }
 
@@ -260,25 +305,38 @@ class Relay:
                 self._cond.notify_all()
 
     def _ingest(self, offer: _Offer) -> None:
+        """Copy and checksum the trainer's slot on several threads (both release the GIL), hand each chunk to the
+        forwarder as soon as it and all before it are in, then sign the version for the chain."""
         newest = self._pool.newest()
         if newest is not None and newest.version >= offer.version:
             raise ValueError(f"version {offer.version} is not newer than held version {newest.version}")
+        blob = wire.encode_layout(offer.layout)
         self._reap_leases()
         with MappedView(offer.path, offer.nbytes) as src:
             slot = self._pool.claim(
-                offer.version, offer.nbytes, offer.layout, self._chunk_bytes, self._slot_timeout
+                offer.version, offer.nbytes, offer.layout, self._chunk_bytes, self._slot_timeout, blob
             )
             self._forwarder.enqueue(slot)
+
+            def copy(i: int) -> None:
+                off, n = slot.chunk(i)
+                dst = slot.buffer.array[off : off + n]
+                np.copyto(dst, src.array[off : off + n])
+                self._pool.chunk_done(slot, i, wire.checksum(dst))
+
             try:
-                for i in range(slot.nchunks):
-                    off, n = slot.chunk(i)
-                    dst = slot.buffer.array[off : off + n]
-                    np.copyto(dst, src.array[off : off + n])
-                    self._pool.chunk_done(slot, i, zlib.crc32(dst))
+                for f in [self._copiers.submit(copy, i) for i in range(slot.nchunks)]:
+                    f.result()
             except BaseException:
                 self._pool.abort(slot)
                 raise
+        self._pool.sign(slot, self._digest(slot))
         self._finish(slot, "publish")
+
+    def _digest(self, slot: Slot) -> bytes:
+        return wire.version_digest(
+            self._secret, slot.version, slot.nbytes, slot.chunk_bytes, slot.layout_blob, slot.crcs
+        )
 
     def _finish(self, slot: Slot, source: str) -> None:
         with self._cond:
@@ -291,6 +349,7 @@ class Relay:
     def _count(self, key: str) -> None:
         with self._cond:
             self._counters[key] += 1
+            self._cond.notify_all()
 
     def _abort_if_writing(self, slot: Slot, version: int) -> bool:
         """Abort a partial version unless the slot already moved on (it may be reused once aborted)."""
@@ -305,15 +364,31 @@ class Relay:
     def _accept_loop(self) -> None:
         while not self._stopped:
             try:
-                conn, _ = self._server.accept()
+                conn, peer = self._server.accept()
             except TimeoutError:
                 continue
             except OSError:
                 return  # server closed
+            if not self._handshakes.acquire(blocking=False):
+                self._refuse(conn, peer, "too many connections waiting to authenticate")
+                continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(
-                target=self._receive_loop, args=(conn,), name=f"{self.name}-recv", daemon=True
+                target=self._receive_loop, args=(conn, peer), name=f"{self.name}-recv", daemon=True
             ).start()
+
+    def _refuse(self, conn: socket.socket, peer: Any, reason: str) -> None:
+        """Drop a peer that broke the protocol; counted, and logged with its address."""
+        conn.close()
+        with self._cond:
+            self._counters["refused_connections"] += 1
+            self._refusals.append({"peer": f"{peer[0]}:{peer[1]}", "reason": reason, "t": time.time()})
+            self._cond.notify_all()
+        log.warning("%s: refused connection from %s:%s: %s", self.name, peer[0], peer[1], reason)
+
+    def _is_upstream(self, name: str) -> bool:
+        with self._cond:
+            return self._upstream is not None and name == self._upstream
 
     def _wants(self, version: int) -> bool:
         """Anything newer than what is exposed. The same version may also be arriving from an old upstream
@@ -322,22 +397,38 @@ class Relay:
             newest = self._pool.newest()
             return newest is None or newest.version < version
 
-    def _receive_loop(self, conn: socket.socket) -> None:
+    def _receive_loop(self, conn: socket.socket, peer: Any) -> None:
+        try:
+            conn.settimeout(wire.HANDSHAKE_TIMEOUT_S)
+            wire.accept_handshake(conn, self._secret, self._is_upstream)
+        except (OSError, wire.ConnectionLost) as e:
+            self._refuse(conn, peer, f"handshake failed: {e}")
+            return
+        finally:
+            self._handshakes.release()
         scratch = memoryview(bytearray(1 << 20))
         slot: Slot | None = None
+        version, last = -1, -1
         try:
             while not self._stopped:
                 conn.settimeout(None)  # idle between versions for as long as training takes
                 kind, version, nbytes, chunk_bytes = wire.recv_header(conn)
-                if kind != wire.BEGIN:
-                    raise wire.ConnectionLost(f"protocol error: expected BEGIN, got {kind!r}")
-                layout = wire.recv_layout(conn)
                 conn.settimeout(60.0)
+                if kind != wire.BEGIN:
+                    raise wire.Refused(f"expected BEGIN, got {kind!r}")
+                wire.check_begin(
+                    version, nbytes, chunk_bytes, last_version=last, max_bytes=self._max_version_bytes
+                )
+                last = version
+                blob = wire.recv_layout_blob(conn)
+                layout = wire.decode_layout(blob, nbytes)
                 slot = None
                 if self._wants(version):
                     self._reap_leases()
                     try:
-                        slot = self._pool.claim(version, nbytes, layout, chunk_bytes, self._slot_timeout)
+                        slot = self._pool.claim(
+                            version, nbytes, layout, chunk_bytes, self._slot_timeout, blob
+                        )
                     except TimeoutError as e:
                         log.warning("%s: skipping version %d: %s", self.name, version, e)
                 conn.sendall(wire.ACCEPT if slot is not None else wire.SKIP)
@@ -347,6 +438,10 @@ class Relay:
                 self._forwarder.enqueue(slot)
                 self._receive_version(conn, slot, scratch)
                 slot = None
+        except wire.Refused as e:
+            if slot is not None:
+                self._abort_if_writing(slot, slot.version)
+            self._refuse(conn, peer, str(e))
         except (OSError, wire.ConnectionLost) as e:
             if slot is not None and self._abort_if_writing(slot, version):
                 log.info("%s: upstream lost during version %d: %r", self.name, version, e)
@@ -360,34 +455,44 @@ class Relay:
             if kind == wire.CHUNK:
                 index, crc, n = a, b, c
                 if ok and (index != slot.ready_chunks or slot.chunk(index)[1] != n):
-                    raise wire.ConnectionLost(
-                        f"protocol error: chunk {index} of {n} bytes, expected chunk {slot.ready_chunks} "
+                    raise wire.Refused(
+                        f"chunk {index} of {n} bytes, expected chunk {slot.ready_chunks} "
                         f"of {slot.chunk(slot.ready_chunks)[1]} bytes"
                     )
                 if not ok:
+                    if not 0 <= n <= slot.chunk_bytes:
+                        raise wire.Refused(
+                            f"chunk of {n} bytes in a version of {slot.chunk_bytes}-byte chunks"
+                        )
                     wire.drain(conn, n, scratch)
                     continue
                 view = slot.view(index)
                 wire.recv_into_exact(conn, memoryview(view))
-                if zlib.crc32(view) != crc:
-                    log.warning("%s: version %d chunk %d failed its CRC", self.name, slot.version, index)
+                if wire.checksum(view) != crc:
+                    log.warning("%s: version %d chunk %d failed its checksum", self.name, slot.version, index)
                     self._count("crc_errors")
                     self._abort_if_writing(slot, slot.version)
                     ok = False
                     continue
                 self._pool.chunk_done(slot, index, crc)
             elif kind == wire.END:
-                if ok and slot.ready_chunks == slot.nchunks:
-                    self._finish(slot, "upstream")
-                elif ok:
-                    raise wire.ConnectionLost(f"END after {slot.ready_chunks} of {slot.nchunks} chunks")
+                digest = wire.recv_exact(conn, wire.MAC_BYTES)
+                if not ok:
+                    return
+                if slot.ready_chunks != slot.nchunks:
+                    raise wire.Refused(f"END after {slot.ready_chunks} of {slot.nchunks} chunks")
+                if not hmac.compare_digest(digest, self._digest(slot)):
+                    self._count("digest_errors")
+                    raise wire.Refused(f"version {slot.version}: its digest does not verify; not exposed")
+                self._pool.sign(slot, digest)
+                self._finish(slot, "upstream")
                 return
             elif kind == wire.ABORT:
                 if ok:
                     self._abort_if_writing(slot, slot.version)
                 return
             else:
-                raise wire.ConnectionLost(f"protocol error: unexpected frame {kind!r} inside a version")
+                raise wire.Refused(f"unexpected frame {kind!r} inside a version")
 
     # ---- shutdown -----------------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -403,6 +508,7 @@ class Relay:
         self._forwarder.stop()
         for t in self._threads:
             t.join(timeout=5.0)
+        self._copiers.shutdown(wait=True)
         self._pool.close()
 
 

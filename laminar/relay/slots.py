@@ -126,7 +126,9 @@ FREE, WRITING, READY, ABORTED = "free", "writing", "ready", "aborted"
 
 @dataclass
 class Slot:
-    """A buffer plus what it holds; `ready_chunks` lets a forwarder send chunk i while chunk i+1 arrives."""
+    """A buffer plus what it holds; `ready_chunks` (the chunks in and checked, counted from the first) lets a
+    forwarder send chunk i while chunk i+1 arrives. `layout_blob` is the layout as it travels and `digest` the
+    version's authentication (wire.version_digest), set once every chunk is in and verified."""
 
     index: int
     buffer: ShmBuffer
@@ -136,7 +138,10 @@ class Slot:
     layout: Any = None
     chunk_bytes: int = 0
     crcs: list[int] = field(default_factory=list)
+    done: bytearray = field(default_factory=bytearray)
     ready_chunks: int = 0
+    layout_blob: bytes = b""
+    digest: bytes = b""
     readers: int = 0
     t_begin: float = 0.0
     t_complete: float = 0.0
@@ -182,7 +187,15 @@ class SlotPool:
     def held_versions(self) -> list[int]:
         return sorted(s.version for s in self.slots if s.state == READY)
 
-    def claim(self, version: int, nbytes: int, layout: Any, chunk_bytes: int, timeout: float) -> Slot:
+    def claim(
+        self,
+        version: int,
+        nbytes: int,
+        layout: Any,
+        chunk_bytes: int,
+        timeout: float,
+        layout_blob: bytes = b"",
+    ) -> Slot:
         """Take a slot to write `version` into, waiting for readers to let one go."""
         deadline = time.monotonic() + timeout
         with self.cond:
@@ -202,7 +215,9 @@ class SlotPool:
             slot.state, slot.version, slot.nbytes, slot.layout = WRITING, version, nbytes, layout
             slot.chunk_bytes = chunk_bytes
             slot.crcs = [0] * num_chunks(nbytes, chunk_bytes)
+            slot.done = bytearray(len(slot.crcs))
             slot.ready_chunks = 0
+            slot.layout_blob, slot.digest = layout_blob, b""
             slot.t_begin, slot.t_complete = time.time(), 0.0
             return slot
 
@@ -217,9 +232,18 @@ class SlotPool:
         return candidates[0] if candidates else None
 
     def chunk_done(self, slot: Slot, index: int, crc: int) -> None:
+        """Chunk `index` is in and checked; chunks may finish out of order (the master copies in parallel)."""
         with self.cond:
             slot.crcs[index] = crc
-            slot.ready_chunks = index + 1
+            slot.done[index] = 1
+            while slot.ready_chunks < len(slot.done) and slot.done[slot.ready_chunks]:
+                slot.ready_chunks += 1
+            self.cond.notify_all()
+
+    def sign(self, slot: Slot, digest: bytes) -> None:
+        """The version's digest verified (or was made here): a forwarder may now send END downstream."""
+        with self.cond:
+            slot.digest = digest
             self.cond.notify_all()
 
     def complete(self, slot: Slot) -> bool:

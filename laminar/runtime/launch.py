@@ -20,6 +20,7 @@ from laminar.config import Config
 from laminar.data.records import Trajectory
 from laminar.manager.manager import Dispatch, RolloutManager
 from laminar.relay.chain import build_chain, relay_on_node
+from laminar.relay.relay import RelaySettings
 from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor, ReplicaActor, TrainerActor
 from laminar.telemetry.recorder import Recorder
 from laminar.trainer.state_files import read_json, write_json
@@ -110,6 +111,7 @@ class Runtime:
     trainer: Any = None
     relays: list[Any] = field(default_factory=list)  # the chain, master first
     relay_of_node: dict[str, Any] = field(default_factory=dict)
+    relay_settings: RelaySettings | None = None
     replicas: dict[int, Any] = field(default_factory=dict)
     trained_ids: set[str] = field(default_factory=set)
     version: int = 0
@@ -170,8 +172,9 @@ class Runtime:
         rt.trainer_spec = ({"num_cpus": t.num_cpus, "num_gpus": t.num_gpus if cuda else 0}, plain)
         rt.trainer = TrainerActor.options(**rt.trainer_spec[0]).remote(plain, cfg.relay.slots)
         trainer_node = ray.get(rt.trainer.node_id.remote(), timeout=cfg.run.timeout_s)
-        chunk = int(cfg.relay.chunk_mb * (1 << 20))
-        master = relay_on_node(trainer_node, "relay-master", num_slots=cfg.relay.slots, chunk_bytes=chunk)
+        # One secret per run, handed to every relay through Ray: only this run's relays may feed the tier.
+        rt.relay_settings = RelaySettings.for_run(cfg.relay.slots, int(cfg.relay.chunk_mb * (1 << 20)))
+        master = relay_on_node(trainer_node, "relay-master", rt.relay_settings)
         ray.get(rt.trainer.attach_master.remote(master), timeout=cfg.run.timeout_s)
         if resume is not None:
             rt.restore(resume)
@@ -194,9 +197,7 @@ class Runtime:
             rt.replicas[i] = rt._new_replica(i, spec)
         nodes = ray.get([a.node_id.remote() for a in rt.replicas.values()], timeout=cfg.run.timeout_s)
         for node in dict.fromkeys(nodes):  # one relay per node that hosts rollouts, in first-seen order
-            rt.relay_of_node[node] = relay_on_node(
-                node, f"relay-{len(rt.relay_of_node)}", num_slots=cfg.relay.slots, chunk_bytes=chunk
-            )
+            rt.relay_of_node[node] = relay_on_node(node, f"relay-{len(rt.relay_of_node)}", rt.relay_settings)
         rt.relays = [master, *rt.relay_of_node.values()]
         # Layouts are engine objects: import the engine in every relay now, not during the first publish.
         ray.get([r.__ray_call__.remote(import_engine) for r in rt.relays], timeout=cfg.run.timeout_s)
@@ -221,6 +222,7 @@ class Runtime:
                 repack=repack,
                 replica_spec=spec,
                 relays=rt.relays,
+                relay_settings=rt.relay_settings,
                 relay_of_node=rt.relay_of_node,
                 master_node=trainer_node,
                 node_of_replica=dict(zip(rt.replicas, nodes)),

@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import ray
 
+from laminar.engine.weights import WeightLayout
 from laminar.relay.chain import alive_node_ids, build_chain, place_relays, rebuild_chain, relay_on_node
 from laminar.relay.publisher import WeightPublisher
 from laminar.relay.pull import pull_latest
+from laminar.relay.relay import RelaySettings
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -20,11 +23,8 @@ NBYTES = 4 << 20
 CHUNK = 256 << 10
 
 
-class Layout:
-    """Stands in for the engine's WeightLayout: small, picklable, knows its size."""
-
-    def __init__(self, total_bytes: int):
-        self.total_bytes = total_bytes
+SETTINGS = RelaySettings(bytes(range(32)), chunk_bytes=CHUNK)  # a test run's secret and chunk size
+Layout = WeightLayout.raw  # bytes, not a model: one flat uint8 tensor
 
 
 def weights(version: int, nbytes: int = NBYTES) -> np.ndarray:
@@ -66,7 +66,7 @@ def kill_all(relays) -> None:
 
 
 def test_every_node_relay_gets_identical_versions(nodes):
-    relays = place_relays(nodes[:3], prefix="ident", chunk_bytes=CHUNK)
+    relays = place_relays(nodes[:3], SETTINGS, prefix="ident")
     build_chain(relays)
     pub = WeightPublisher(relays[0])
     pids = {ray.get(r.ping.remote(), timeout=30)["pid"] for r in relays}
@@ -103,8 +103,8 @@ def test_every_node_relay_gets_identical_versions(nodes):
 
 @pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
 def test_chain_rebuilt_without_a_dead_relay(nodes, how):
-    relays = place_relays(nodes[:3], prefix=f"rebuild-{how}", chunk_bytes=CHUNK)
-    relays.append(relay_on_node(nodes[2], f"rebuild-{how}-tail", chunk_bytes=CHUNK))
+    relays = place_relays(nodes[:3], SETTINGS, prefix=f"rebuild-{how}")
+    relays.append(relay_on_node(nodes[2], f"rebuild-{how}-tail", SETTINGS))
     build_chain(relays)
     pub = WeightPublisher(relays[0])
     try:
@@ -132,7 +132,7 @@ def test_publish_stall_does_not_grow_with_relays(nodes, record_property):
     nbytes = 16 << 20
     stalls = {}
     for n in (1, 2, 3):
-        relays = place_relays(nodes[:n], prefix=f"stall{n}", chunk_bytes=1 << 20)
+        relays = place_relays(nodes[:n], replace(SETTINGS, chunk_bytes=1 << 20), prefix=f"stall{n}")
         build_chain(relays)
         pub = WeightPublisher(relays[0])
         w = np.ones(nbytes, dtype=np.uint8)
@@ -152,7 +152,7 @@ def test_publish_stall_does_not_grow_with_relays(nodes, record_property):
 
 
 def test_bad_publish_inputs(nodes):
-    relays = place_relays(nodes[:1], prefix="bad")
+    relays = place_relays(nodes[:1], SETTINGS, prefix="bad")
     pub = WeightPublisher(relays[0])
     try:
         with pytest.raises(ValueError, match="layout describes 10 bytes but the flat buffer has 12"):
@@ -177,7 +177,7 @@ def test_state_dict_publish_round_trips_through_unflatten(nodes):
 
     from laminar.engine.weights import unflatten
 
-    relays = place_relays(nodes[1:3], prefix="sd")
+    relays = place_relays(nodes[1:3], SETTINGS, prefix="sd")
     build_chain(relays)
     pub = WeightPublisher(relays[0])
     g = torch.Generator().manual_seed(0)
@@ -208,7 +208,7 @@ def test_state_dict_publish_round_trips_through_unflatten(nodes):
 
 
 def test_publisher_survives_a_dead_master_and_moves_to_a_new_one(nodes):
-    master, tail = relay_on_node(nodes[0], "m-old"), relay_on_node(nodes[1], "m-tail")
+    master, tail = relay_on_node(nodes[0], "m-old", SETTINGS), relay_on_node(nodes[1], "m-tail", SETTINGS)
     build_chain([master, tail])
     pub = WeightPublisher(master, num_slots=2, timeout=30)
     new = None
@@ -218,7 +218,7 @@ def test_publisher_survives_a_dead_master_and_moves_to_a_new_one(nodes):
         ray.kill(master, no_restart=True)
         for version in (2, 3, 4):  # training goes on; the failed hand-offs free their slots
             pub.publish(version, weights(version), Layout(NBYTES))
-        new = relay_on_node(nodes[0], "m-new")
+        new = relay_on_node(nodes[0], "m-new", SETTINGS)
         build_chain([new, tail])
         pub.set_master(new)
         pub.publish(5, weights(5), Layout(NBYTES))
@@ -233,7 +233,7 @@ def test_publisher_survives_a_dead_master_and_moves_to_a_new_one(nodes):
 
 def test_rapid_publishes_end_at_the_newest_and_never_go_back(nodes):
     """Publishing faster than the chain moves: versions may be skipped, never reordered or torn."""
-    relays = place_relays(nodes[:3], prefix="rapid", chunk_bytes=CHUNK)
+    relays = place_relays(nodes[:3], SETTINGS, prefix="rapid")
     build_chain(relays)
     pub = WeightPublisher(relays[0])
     try:
@@ -254,7 +254,7 @@ def test_slot_reader_keeps_mappings_coherent_across_versions(nodes):
     """Kept (shared, read-only) mappings of the relay's few slots always show the version just leased."""
     from laminar.relay.pull import SlotReader
 
-    relays = place_relays(nodes[:2], prefix="reader", chunk_bytes=CHUNK)
+    relays = place_relays(nodes[:2], SETTINGS, prefix="reader")
     build_chain(relays)
     pub = WeightPublisher(relays[0])
     reader = SlotReader(relays[-1], pin=None)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import zlib
 
 import numpy as np
 import pytest
@@ -14,6 +13,17 @@ from laminar.relay.relay import Relay
 from laminar.relay.slots import MappedView, ShmBuffer, new_buffer_path
 
 CHUNK = 64 << 10
+SECRET = bytes(range(32))  # a test run's relay secret
+
+
+def make_relay(name: str, **kw) -> Relay:
+    return Relay(name, secret=SECRET, host="127.0.0.1", chunk_bytes=CHUNK, **kw)
+
+
+def link(up: Relay, down: Relay) -> None:
+    """What build_chain does for relays in Ray: the downstream learns its upstream's name first."""
+    down.set_upstream(up.name)
+    up.set_downstream(down.address())
 
 
 def weights(version: int, nbytes: int = 1 << 20) -> np.ndarray:
@@ -32,9 +42,9 @@ def held_bytes(relay: Relay) -> tuple[int, np.ndarray]:
 
 @pytest.fixture
 def chain():
-    relays = [Relay(f"local-{i}", host="127.0.0.1", chunk_bytes=CHUNK) for i in range(3)]
+    relays = [make_relay(f"local-{i}") for i in range(3)]
     for up, down in zip(relays, relays[1:]):
-        up.set_downstream(down.address())
+        link(up, down)
     yield relays
     for r in relays:
         r.shutdown()
@@ -74,22 +84,30 @@ def test_older_version_is_refused(chain, trainer_slot):
 
 
 class FakeUpstream:
-    """Speaks the wire protocol by hand so a test decides when each chunk arrives."""
+    """Speaks the wire protocol by hand, as the relay `name` holding the run's secret, so a test decides when
+    each chunk arrives (and what the digest says)."""
 
-    def __init__(self, relay: Relay, version: int, nbytes: int = 4 * CHUNK):
+    def __init__(self, relay: Relay, version: int, nbytes: int = 4 * CHUNK, name: str | None = None):
         self.sock = socket.create_connection(relay.address(), timeout=10)
+        wire.offer_handshake(self.sock, SECRET, name or relay._upstream)
+        self.begin(version, nbytes)
+
+    def begin(self, version: int, nbytes: int) -> None:
         self.w = weights(version, nbytes)
-        self.version, self.nbytes = version, nbytes
-        assert wire.send_begin(self.sock, version, nbytes, CHUNK, {"nbytes": nbytes})
+        self.version, self.nbytes, self.crcs = version, nbytes, []
+        self.blob = wire.encode_layout({"nbytes": nbytes})
+        assert wire.send_begin(self.sock, version, nbytes, CHUNK, self.blob)
 
     def chunk(self, i: int, corrupt: bool = False) -> None:
         data = self.w[i * CHUNK : (i + 1) * CHUNK].tobytes()
-        crc = zlib.crc32(data) ^ (1 if corrupt else 0)
+        crc = wire.checksum(data) ^ (1 if corrupt else 0)
+        self.crcs.append(crc)
         wire.send_header(self.sock, wire.CHUNK, i, crc, len(data))
         self.sock.sendall(data)
 
-    def end(self) -> None:
-        wire.send_header(self.sock, wire.END, self.version)
+    def end(self, key: bytes = SECRET) -> None:
+        digest = wire.version_digest(key, self.version, self.nbytes, CHUNK, self.blob, self.crcs)
+        wire.send_end(self.sock, self.version, digest)
 
 
 def wait_counter(relay: Relay, key: str, value: int) -> None:
@@ -103,10 +121,10 @@ def test_a_version_is_invisible_until_every_chunk_is_in(chain):
     up = FakeUpstream(chain[1], version=4)
     for i in range(3):
         up.chunk(i)
-    assert chain[1].latest() is None and last.latest() is None
+    assert chain[1].newest_version() is None and last.newest_version() is None
     assert chain[1].acquire(timeout=0.2) is None
     up.chunk(3)
-    assert chain[1].latest() is None  # all bytes in, END not yet seen
+    assert chain[1].newest_version() is None  # all bytes in, END (with the digest) not yet seen
     up.end()
     assert last.wait_version(4, timeout=10) == 4
     _, got = held_bytes(last)
@@ -122,10 +140,9 @@ def test_corrupt_chunk_is_never_exposed_and_the_link_survives(chain):
     bad.chunk(3)
     bad.end()
     wait_counter(mid, "crc_errors", 1)
-    assert mid.latest() is None and chain[2].latest() is None
+    assert mid.newest_version() is None and chain[2].newest_version() is None
     # The same connection carries the next version intact.
-    assert wire.send_begin(bad.sock, 7, bad.nbytes, CHUNK, {"nbytes": bad.nbytes})
-    bad.w, bad.version = weights(7, bad.nbytes), 7
+    bad.begin(7, bad.nbytes)
     for i in range(4):
         bad.chunk(i)
     bad.end()
@@ -139,7 +156,7 @@ def test_upstream_dying_midway_aborts_the_partial_version(chain):
     up.chunk(0)
     up.sock.close()
     wait_counter(mid, "aborted", 1)
-    assert mid.latest() is None
+    assert mid.newest_version() is None
     with pytest.raises(TimeoutError, match="version 8 did not arrive"):
         chain[2].wait_version(8, timeout=0.3)
 
@@ -147,9 +164,9 @@ def test_upstream_dying_midway_aborts_the_partial_version(chain):
 def test_new_downstream_catches_up_with_the_newest_version(chain, trainer_slot):
     w = publish(chain[0], trainer_slot, 1)
     chain[2].wait_version(1, timeout=10)
-    late = Relay("late", host="127.0.0.1", chunk_bytes=CHUNK)
+    late = make_relay("late")
     try:
-        chain[2].set_downstream(late.address())
+        link(chain[2], late)
         assert late.wait_version(1, timeout=10) == 1
         assert np.array_equal(held_bytes(late)[1], w)
     finally:
@@ -220,13 +237,13 @@ def test_a_hung_upstream_does_not_hold_the_version_back(chain):
 
 
 def test_relinking_interrupts_a_send_to_a_hung_downstream(trainer_slot):
-    master = Relay("relink-master", host="127.0.0.1", chunk_bytes=CHUNK)
+    master = make_relay("relink-master")
     silent = socket.create_server(("127.0.0.1", 0))  # accepts, never reads: sends block once buffers fill
-    good = Relay("relink-good", host="127.0.0.1", chunk_bytes=CHUNK)
+    good = make_relay("relink-good")
     try:
         master.set_downstream(silent.getsockname()[:2])
-        publish(master, trainer_slot, 1, nbytes=16 << 20)  # the forwarder is now stuck in BEGIN's reply
-        master.set_downstream(good.address())
+        publish(master, trainer_slot, 1, nbytes=16 << 20)  # the forwarder is now stuck in the handshake
+        link(master, good)
         assert good.wait_version(1, timeout=10) == 1
     finally:
         master.shutdown()
