@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,26 @@ def resolve_model(cfg: Config) -> str:
 
         check_model_dir(cfg.model.path)  # says what is missing before any actor starts
         return cfg.model.path
-    demo = Path("runs/warmup")
-    if not (demo / "config.json").is_file():
-        from laminar.data.warmup import warmup
+    from laminar.data.warmup import default_warmup_dir, warmup
 
+    demo = default_warmup_dir()
+    if not (demo / "config.json").is_file():
         print(f"building the demo's warm-start checkpoint in {demo} (once; `laminar warmup` rebuilds it)")
         warmup(demo)
     return str(demo)
+
+
+def check_inputs(cfg: Config) -> None:
+    """What the actors would otherwise find late, checked on the driver before any starts: the reward function
+    imports, and a JSONL dataset parses and has rows."""
+    if cfg.task.reward:
+        from laminar.rewards.loader import load_reward
+
+        load_reward(cfg.task.reward)
+    if cfg.task.name.endswith(".jsonl"):
+        from laminar.data.dataset import load_jsonl
+
+        load_jsonl(cfg.task.name, required={"prompt": str})
 
 
 def start_ray(cfg: Config) -> None:
@@ -86,11 +100,10 @@ def train(
     """One run. `hook(runtime, step_metrics)` runs after every step (tests use it to inject failures)."""
 
     from laminar import schedules
+    from laminar.relay.slots import sweep_stale
     from laminar.runtime.launch import RUNTIME_STATE, Runtime
-    from laminar.telemetry.audit import audit_run
-    from laminar.telemetry.plots import plot_run
+    from laminar.telemetry.console import Console
     from laminar.telemetry.recorder import Recorder
-    from laminar.telemetry.summary import summarize
     from laminar.trainer.state_files import verify_checkpoint
 
     out.mkdir(parents=True, exist_ok=True)
@@ -102,12 +115,38 @@ def train(
         )
     if resume:  # every checkpoint file parses (as data, never as code) before any actor starts
         verify_checkpoint(ckpt, RUNTIME_STATE)
-    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     model_path = resolve_model(cfg)
+    sweep_stale()  # shared memory left by killed runs on this (the driver's) node
     start_ray(cfg)
     schedule = schedules.get(cfg.schedule.name)
-    recorder = Recorder(out)
+    recorder = Recorder(out, console=None if quiet else Console())
     rt = Runtime.start(cfg, model_path, recorder, schedule.dispatch(cfg), resume=ckpt if resume else None)
+    try:
+        return _run(cfg, out, rt, schedule, recorder, resume, quiet, hook, model_path)
+    finally:
+        recorder.close()
+        rt.shutdown()  # every exit path frees the actors and their shared memory
+
+
+def _run(
+    cfg: Config,
+    out: Path,
+    rt: Any,
+    schedule: Any,
+    recorder: Any,
+    resume: bool,
+    quiet: bool,
+    hook: Callable[[Any, dict[str, Any]], None] | None,
+    model_path: str,
+) -> dict[str, Any]:
+    """The started run: the schedule's loop, the last checkpoint, the summary and the plots."""
+    from laminar.telemetry.audit import audit_run
+    from laminar.telemetry.plots import plot_run
+    from laminar.telemetry.recorder import write_json
+    from laminar.telemetry.summary import summarize
+
+    ckpt = out / "checkpoint"
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))  # the run has started
     start_version = rt.version
     steps = cfg.trainer.steps - start_version
     print(
@@ -163,10 +202,8 @@ def train(
             "failures": {**end["failures"], "trainer": rt.trainer_restarts},
         },
     )
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_json(out / "summary.json", summary)
     plot_run(recorder.records, out)
-    recorder.close()
-    rt.shutdown()
     return summary
 
 
@@ -196,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(config, overrides)
         if cfg.model.path:
             resolve_model(cfg)
-    except (ConfigError, FileNotFoundError) as e:
+        check_inputs(cfg)
+    except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"laminar train: bad configuration: {e}", file=sys.stderr)
         return 2
     if args.resume:
@@ -210,7 +248,19 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.out:
         cfg.run.out = args.out
-    summary = train(cfg, Path(cfg.run.out), resume=bool(args.resume))
+    try:
+        summary = train(cfg, Path(cfg.run.out), resume=bool(args.resume))
+    except KeyboardInterrupt:
+        print(f"laminar train: interrupted; what was done is in {cfg.run.out}", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - after validation every failure ends as one line and a log
+        from laminar.telemetry.console import one_line
+
+        log = Path(cfg.run.out) / "error.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("".join(traceback.format_exception(e)))
+        print(f"laminar train: {one_line(e)} (traceback in {log})", file=sys.stderr)
+        return 1
     keys = (
         "schedule",
         "wall_s",

@@ -18,7 +18,7 @@ import torch
 
 from laminar.config import Config
 from laminar.data.records import Trajectory
-from laminar.manager.manager import Dispatch, RolloutManager
+from laminar.manager.manager import Dispatch, RolloutFailure, RolloutManager
 from laminar.relay.chain import build_chain, relay_on_node
 from laminar.relay.relay import RelaySettings
 from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor, ReplicaActor, TrainerActor
@@ -84,8 +84,8 @@ class _EngineFactory:
 
 
 class _ScorerFactory:
-    def __init__(self, model_path: str, reward: str, task: str) -> None:
-        self.model_path, self.reward, self.task = model_path, reward, task
+    def __init__(self, model_path: str, reward: str, task: str, timeout_s: float | None = None) -> None:
+        self.model_path, self.reward, self.task, self.timeout_s = model_path, reward, task, timeout_s
 
     def __call__(self) -> Any:
         from laminar.data.tasks import TaskCodec
@@ -93,7 +93,17 @@ class _ScorerFactory:
 
         codec = TaskCodec.from_dir(self.model_path)
         default = "laminar.data.lengths:length_reward" if self.task == "lengths" else DEFAULT_REWARD
-        return RewardScorer(self.reward or default, codec.decode)
+        return RewardScorer(self.reward or default, codec.decode, timeout_s=self.timeout_s)
+
+
+def _close_publisher(actor: Any) -> None:
+    """Unlink the trainer's publish slots in /dev/shm (ray.kill gives a process no chance to)."""
+    if actor.publisher is not None:
+        actor.publisher.close()
+
+
+def _check_finite(actor: Any) -> None:
+    actor.trainer.check_finite()
 
 
 RUNTIME_STATE = "runtime_state.json"  # the run's pools and counters beside the trainer's files
@@ -168,6 +178,7 @@ class Runtime:
             grpo=grpo,
             device="cuda" if cuda else "cpu",
             publish_dtype="bfloat16" if cuda or cfg.model.dtype == "bfloat16" else "",
+            max_nonfinite_steps=t.max_nonfinite_steps,
         )
         rt.trainer_spec = ({"num_cpus": t.num_cpus, "num_gpus": t.num_gpus if cuda else 0}, plain)
         rt.trainer = TrainerActor.options(**rt.trainer_spec[0]).remote(plain, cfg.relay.slots)
@@ -229,6 +240,7 @@ class Runtime:
                 heartbeat_s=r.heartbeat_s,
                 dead_after_s=r.dead_after_s,
                 timeout_s=cfg.run.timeout_s,
+                max_failures_in_a_row=r.max_failures_in_a_row,
             ),
             timeout=cfg.run.timeout_s,
         )
@@ -242,7 +254,7 @@ class Runtime:
             "options": {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus if use_cuda(cfg) else 0},
             "args": (
                 _EngineFactory(self.engine_path or self.model_path, cfg, self.version),
-                _ScorerFactory(self.model_path, cfg.task.reward, cfg.task.name),
+                _ScorerFactory(self.model_path, cfg.task.reward, cfg.task.name, cfg.task.reward_timeout_s),
             ),
             "kwargs": {
                 "manager": self.manager,
@@ -265,7 +277,18 @@ class Runtime:
         """Complete groups from the experience buffer, waiting for them with the run's timeout: FIFO by
         completion, or exactly `group_ids` (a whole batch in dispatch order, for the bounded schedules)."""
         ids = None if group_ids is None else list(group_ids)
-        return ray.get(self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids))
+        ref = self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids)
+        while not ray.wait([ref], timeout=1.0)[0]:  # meanwhile, once a second: are the rollouts still alive?
+            self.check_rollouts()
+        return ray.get(ref)
+
+    def check_rollouts(self) -> None:
+        """Bring the manager's records into the run log (the console shows errors as they come) and raise
+        `RolloutFailure` if replicas keep failing the same way."""
+        self.collect()
+        fatal = ray.get(self.manager.fatal_error.remote(), timeout=self.cfg.run.timeout_s)
+        if fatal is not None:
+            raise RolloutFailure(fatal)
 
     def train(self, groups: list[list[Trajectory]], push: bool = False) -> dict[str, Any]:
         """One trainer step plus its publish; logs the step and tells the manager. `push` makes the publish a
@@ -398,6 +421,7 @@ class Runtime:
         tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
         shutil.rmtree(tmp, ignore_errors=True)
         t = self.cfg.run.timeout_s
+        ray.get(self.trainer.__ray_call__.remote(_check_finite), timeout=t)  # never save NaN weights
         ray.get(self.trainer.save_checkpoint.remote(str(tmp)), timeout=t * 5)
         state = {
             "version": self.version,
@@ -427,7 +451,13 @@ class Runtime:
         ray.get(self.manager.trainer_update.remote(self.version, 0), timeout=t)
 
     def shutdown(self) -> None:
-        """Free every actor and the relays' shared memory (a process may run several runtimes in a row)."""
+        """Free every actor and the relays' and the trainer's shared memory (a process may run several runtimes
+        in a row)."""
+        if self.trainer is not None:
+            try:
+                ray.get(self.trainer.__ray_call__.remote(_close_publisher), timeout=10)
+            except ray.exceptions.RayError:
+                pass  # dead: its slots are swept at the next run's start on this node
         for relay in self.relays:
             try:
                 ray.get(relay.shutdown.remote(), timeout=10)

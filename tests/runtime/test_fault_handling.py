@@ -1,0 +1,179 @@
+"""Faults absorbed or reported on the three-node test cluster: rewards that fail are scored 0 and counted, a
+replica whose loop raised is replaced, replicas failing the same way stop the run with one line, and a run
+leaves no shared memory behind."""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import time
+
+import pytest
+import ray
+
+from laminar.cli import main
+from laminar.config import load_config
+from laminar.relay.slots import SHM_DIR
+from laminar.train import train
+
+pytestmark = pytest.mark.slow
+
+MODES = ("nan", "string", "raise", "ok")
+KIND_OF_MODE = {"nan": "not_finite", "string": "not_a_number", "raise": "raised"}
+TINY = [
+    "trainer.steps=4",
+    "trainer.groups_per_step=2",
+    "trainer.group_size=4",
+    "rollout.replicas=3",
+    "rollout.groups_per_batch=1",
+    "rollout.max_new_tokens=12",
+    "rollout.kv_blocks=64",
+    "rollout.max_num_seqs=16",
+    "rollout.num_cpus=1",
+    "trainer.num_cpus=1",
+    "buffer.capacity_groups=6",
+    "trainer.warmup_steps=0",
+    "rollout.heartbeat_s=0.5",
+]
+
+
+def strict(text: str):
+    def refuse(token):
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def strict_lines(path):
+    return [strict(line) for line in path.read_text().splitlines()]
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _inject_unknown_request(actor) -> None:
+    """The fault: a request the replica never dispatched appears in its engine; when it finishes, the replica
+    cannot place it and its loop raises (KeyError). The replacement starts clean."""
+    from laminar.engine import SamplingParams
+
+    replica = actor.replica
+    params = SamplingParams(seed=0, max_new_tokens=1)
+    replica.run_in_loop(lambda: replica.engine.add_request("fault:0", [1, 4, 5], params))
+
+
+def wait_for_replacement(rt, timeout_s: float = 60) -> None:
+    """Bounded wait until the manager has replaced the dead replica, so the run goes on past the failure."""
+    deadline = time.monotonic() + timeout_s
+    while ray.get(rt.manager.report.remote())["failures"]["rollouts"] < 1:
+        assert time.monotonic() < deadline, f"the dead replica was not replaced within {timeout_s}s"
+        time.sleep(0.1)
+
+
+def test_failing_rewards_and_a_dead_replica_loop_cost_nothing_and_leave_no_shared_memory(
+    ray_cluster, tiny_model_dir, tmp_path
+):
+    digits = [
+        "1 2 3",
+        "4 5",
+        "6 7 8 9",
+        "0 1",
+        "2 3 4",
+        "5 6 7",
+        "8 9",
+        "1 1 2",
+        "3 5",
+        "8 1 3",
+        "2 1",
+        "3 4 5",
+    ]
+    rows = [
+        {"prompt": f"{d} =", "answer": " ".join(reversed(d.split())), "mode": MODES[i % 4]}
+        for i, d in enumerate(digits)
+    ]
+    data = write_rows(tmp_path / "modes.jsonl", rows)
+    out = tmp_path / "run"
+    cfg = load_config(
+        None,
+        [
+            *TINY,
+            f"model.path={tiny_model_dir}",
+            f"run.out={out}",
+            f"task.name={data}",
+            "task.reward=tests.runtime.faulty_rewards:by_mode",
+            "run.timeout_s=90",
+        ],
+    )
+    seen = {}
+
+    def hook(rt, m):
+        if m["version"] == 1:
+            seen["pids"] = [ray.get(rt.trainer.pid.remote())] + [
+                ray.get(r.ping.remote())["pid"] for r in rt.relays
+            ]
+            seen["victim"] = victim = sorted(rt.replicas)[0]
+            ray.get(rt.replicas[victim].__ray_call__.remote(_inject_unknown_request))
+            wait_for_replacement(rt)
+
+    summary = train(cfg, out, quiet=True, hook=hook)
+    records = strict_lines(out / "metrics.jsonl")
+    assert strict((out / "summary.json").read_text()) == json.loads((out / "summary.json").read_text())
+
+    # every reward error is logged with its row and trajectory, and is the row's kind of failure
+    errors = [r for r in records if r["kind"] == "reward_error"]
+    assert errors and summary["reward_errors"] == len(errors)
+    for e in errors:
+        assert e["error_kind"] == KIND_OF_MODE[rows[e["row"]]["mode"]], e
+        assert e["traj_id"].split(":")[0].isdigit() and e["error"]
+    assert sum(summary["reward_errors_by_kind"].values()) == len(errors)
+    trained = strict_lines(out / "trajectories.jsonl")
+    assert len(trained) == 4 * 2 * 4 and all(math.isfinite(t["reward"]) for t in trained)
+    erred = {e["traj_id"] for e in errors}
+    assert sum(t["traj_id"] in erred for t in trained) >= 5 * 4  # at most 3 of 8 distinct rows are "ok"
+    assert all(t["reward"] == 0.0 for t in trained if t["traj_id"] in erred)
+    assert summary["nonfinite_steps"] == 0
+
+    # the broken replica was declared dead with its traceback, and replaced; the run finished
+    [failure] = [r for r in records if r["kind"] == "replica_error"]
+    assert failure["replica"] == seen["victim"] and failure["error"] == "KeyError: 'fault:0'"
+    assert "Traceback" in failure["traceback"] and summary["replica_errors"] == 1
+    assert any(r["kind"] == "replacement" and r["for"] == seen["victim"] for r in records)
+    assert summary["trainer_steps"] == 4
+
+    # the trainer's publish slots and the relays' slots are gone with their processes' run
+    for pid in seen["pids"]:
+        assert glob.glob(os.path.join(SHM_DIR, f"laminar-{pid}-*")) == [], pid
+
+
+def test_replicas_failing_the_same_way_stop_the_run_in_seconds_with_one_line(
+    ray_cluster, tiny_model_dir, tmp_path, capsys
+):
+    too_long = " ".join(["7"] * 200)  # 200 digits: more tokens than the tiny model's 128 positions
+    data = write_rows(tmp_path / "long.jsonl", [{"prompt": f"{too_long} =", "answer": "7"}] * 4)
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    code = main(
+        [
+            "train",
+            *TINY,
+            f"model.path={tiny_model_dir}",
+            f"task.name={data}",
+            "run.timeout_s=60",
+            f"--out={out}",
+        ]
+    )
+    elapsed = time.monotonic() - t0
+    err = capsys.readouterr().err.splitlines()
+    ours = [line for line in err if line.startswith("laminar train: ")]  # Ray's worker logs interleave
+    assert code == 1 and len(ours) == 1, err
+    assert ours[0].startswith(
+        "laminar train: rollout replicas failed 3 times in a row with the same error"
+    ), err
+    assert "max_model_len is 128" in ours[0] and f"traceback in {out / 'error.log'}" in ours[0]
+    assert elapsed < 60, f"took {elapsed:.0f}s: the run waited out the experience buffer's timeout"
+    failures = [r for r in strict_lines(out / "metrics.jsonl") if r["kind"] == "replica_error"]
+    assert len(failures) >= 3 and all("Traceback" in r["traceback"] for r in failures)
+    assert "RolloutFailure" in (out / "error.log").read_text()
