@@ -119,9 +119,6 @@ class PartialPool:
         wanted = set(group_ids)
         return [copy.deepcopy(e) for e in self.entries.values() if e.group_id in wanted]
 
-    def traj_ids(self) -> set[str]:
-        return set(self.entries)
-
     def __len__(self) -> int:
         return len(self.entries)
 

@@ -382,11 +382,22 @@ class Runtime:
             "end",
             issued_groups=ray.get(self.prompt_pool.stats.remote(), timeout=t)["issued"],
             queued_groups=ray.get(self.prompt_pool.queued_group_ids.remote(), timeout=t),
-            in_flight=sorted(ray.get(self.partial_pool.traj_ids.remote(), timeout=t)),
+            in_flight=sorted(self._running()),
             held=sorted(held),
             dropped=dropped,
         )
         return {"buffer": buf, "partial": inflight, **report}
+
+    def _running(self) -> set[str]:
+        """Ids the (stopped) replicas still hold: work the partial pool lists but no replica runs is not in
+        flight, it is lost, and the audit must say so."""
+        running: set[str] = set()
+        for actor in self.replicas.values():
+            try:
+                running.update(ray.get(actor.snapshot.remote(), timeout=self.cfg.run.timeout_s)["inflight"])
+            except ray.exceptions.RayError:
+                continue  # died at the very end: what it held is not in flight anywhere
+        return running
 
     def _restart_trainer(self) -> None:
         """The trainer died: a new one loads the last checkpoint and trains again on every batch consumed since
