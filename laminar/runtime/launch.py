@@ -138,12 +138,21 @@ class Runtime:
     def start(
         cls, cfg: Config, model_path: str, recorder: Recorder, dispatch: Dispatch, resume: Path | None = None
     ) -> Runtime:
-        """Start every part; with `resume`, restore a checkpoint before any replica asks for work."""
+        """Start every part; with `resume`, restore a checkpoint before any replica asks for work. If a part
+        fails to start, the parts already started are stopped (their shared memory freed) and the error goes on."""
+        rt = cls(cfg, model_path, recorder)
+        try:
+            return rt._start(dispatch, resume)
+        except BaseException:
+            rt.shutdown()
+            raise
+
+    def _start(self, dispatch: Dispatch, resume: Path | None) -> Runtime:
         from laminar.data.tasks import TaskCodec
         from laminar.trainer.grpo import GRPOConfig
         from laminar.trainer.trainer import TrainerConfig as PlainTrainerConfig
 
-        rt = cls(cfg, model_path, recorder)
+        rt, cfg, model_path, recorder = self, self.cfg, self.model_path, self.recorder
         t, r, cuda = cfg.trainer, cfg.rollout, use_cuda(cfg)
         codec = TaskCodec.from_dir(model_path)
         rt.prompt_pool = PromptPoolActor.remote(

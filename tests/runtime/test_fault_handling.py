@@ -74,7 +74,7 @@ def wait_for_replacement(rt, timeout_s: float = 60) -> None:
 
 
 def test_failing_rewards_and_a_dead_replica_loop_cost_nothing_and_leave_no_shared_memory(
-    ray_cluster, tiny_model_dir, tmp_path
+    ray_cluster, tiny_model_dir, tmp_path, capsys
 ):
     digits = [
         "1 2 3",
@@ -146,6 +146,16 @@ def test_failing_rewards_and_a_dead_replica_loop_cost_nothing_and_leave_no_share
     # the trainer's publish slots and the relays' slots are gone with their processes' run
     for pid in seen["pids"]:
         assert glob.glob(os.path.join(SHM_DIR, f"laminar-{pid}-*")) == [], pid
+
+    # a resume that fails after its checks (here: another dataset) is one line and leaves config.yaml alone
+    config_before = (out / "config.yaml").read_bytes()
+    other = write_rows(tmp_path / "other.jsonl", rows[:5])
+    capsys.readouterr()
+    code = main(["train", "--resume", str(out), f"task.name={other}"])
+    ours = [line for line in capsys.readouterr().err.splitlines() if line.startswith("laminar train: ")]
+    assert code == 1 and len(ours) == 1, ours
+    assert "checkpoint was taken over 12 rows, this dataset has 5" in ours[0]
+    assert (out / "config.yaml").read_bytes() == config_before
 
 
 def test_replicas_failing_the_same_way_stop_the_run_in_seconds_with_one_line(
