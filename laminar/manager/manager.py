@@ -268,6 +268,7 @@ class RolloutManager:
         for dst, group in done.moved:
             self._owe(dst, group)
         if done.orphans:
+            # from the tokens the partial pool holds, so its record stays whole; the rest is made again
             homeless = [
                 PartialTrajectory(
                     exported.request_id,
@@ -277,8 +278,8 @@ class RolloutManager:
                     list(state.group.prompt_ids),
                     state.version,
                     replica=-1,
-                    response_ids=list(exported.output_token_ids),
-                    logprobs=list(exported.logprobs),
+                    response_ids=list(exported.output_token_ids[: state.reported]),
+                    logprobs=list(exported.logprobs[: state.reported]),
                     meta=dict(state.group.meta),
                 )
                 for exported, state in done.orphans

@@ -36,10 +36,11 @@ class Local:
 
 
 def item(
-    group: PromptGroup, idx: int, version: int, tokens: list[int] = ()
+    group: PromptGroup, idx: int, version: int, tokens: list[int] = (), reported: int | None = None
 ) -> tuple[ExportedRequest, InFlight]:
-    """A running trajectory as a replica exports it."""
+    """A running trajectory as a replica exports it; `reported` of its tokens are in the partial pool (all)."""
     tokens = list(tokens)
+    reported = len(tokens) if reported is None else reported
     params = SamplingParams(seed=sample_seed(0, group.traj_id(idx)), max_new_tokens=32)
     exported = ExportedRequest(
         group.traj_id(idx),
@@ -50,7 +51,7 @@ def item(
         params,
         version,
     )
-    return exported, InFlight(group, idx, version, 0.0, tokens, [-0.5] * len(tokens), reported=len(tokens))
+    return exported, InFlight(group, idx, version, 0.0, tokens, [-0.5] * len(tokens), reported=reported)
 
 
 class Replica:

@@ -31,7 +31,7 @@ def _setup(same_version_elsewhere: bool):
     pool.start(g, replica=0, version=3)
     pool.start(other, replica=1, version=3)
     pool.progress({"7:0": ([4, 4], [-0.5, -0.5])})
-    src = Replica(0, 3, [item(g, 0, 3, [4, 4])], blocks=1, pulls_to=4)
+    src = Replica(0, 3, [item(g, 0, 3, [4, 4, 9], reported=2)], blocks=1, pulls_to=4)  # 9: not yet reported
     dst = Replica(1, 3, [item(other, 0, 3)], blocks=3, pulls_to=4, finishes=("8:0",))
     replicas = [src, dst]
     if same_version_elsewhere:
@@ -51,7 +51,8 @@ def test_a_move_refused_by_both_ends_continues_on_a_replica_of_its_version():
     assert (s.moved, s.refused, s.orphaned) == (0, 1, 1)
     keeper = replicas[2]
     exported, state = keeper.running["7:0"]
-    assert exported.output_token_ids == [4, 4] and state.version == 3  # its tokens and version kept
+    # its version kept, and the tokens the pool holds: the pool's record stays whole, 9 is made again
+    assert exported.output_token_ids == [4, 4] and state.reported == 2 and state.version == 3
     assert state.group.meta == ROW
     assert pool.get("7:0").replica == 2 and pool.get("7:0").response_ids == [4, 4]
     assert manager.failures["recovered_trajectories"] == 1 and manager.failures["restarted_groups"] == 0
