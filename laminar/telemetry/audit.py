@@ -4,7 +4,8 @@ named reason, checked from the run folder's own records over every segment of a 
 The records it reads, all in `metrics.jsonl` (plus `trajectories.jsonl` when the run saved it):
 - `segment`: one per `laminar train` (a resume starts a new one), with the group size and how many groups the
   prompt pool had issued when it started;
-- `step`: the ids trained by each trainer step;
+- `step`: the ids trained by each trainer step (a step skipped for a non-finite loss consumed its ids without
+  training on them: they are lost, for that reason);
 - `end`: what a segment left behind when it stopped: groups issued, ids in flight, held by the buffer, queued
   for re-issue, and ids the buffer dropped with the reason (evicted, stale).
 
@@ -59,17 +60,17 @@ class Audit:
         }
 
 
-def _lineage(steps: Iterable[tuple[int, list[str]]]) -> tuple[dict[int, list[str]], int]:
+def _lineage(steps: Iterable[tuple[int, Any]]) -> tuple[dict[int, Any], int]:
     """The steps the final weights went through: a step s drops every earlier step >= s (a resume rolled them
     back). Returns the kept steps and how many were dropped."""
-    kept: dict[int, list[str]] = {}
+    kept: dict[int, Any] = {}
     dropped = 0
-    for step, ids in steps:
+    for step, value in steps:
         stale = [s for s in kept if s >= step]
         dropped += len(stale)
         for s in stale:
             del kept[s]
-        kept[step] = list(ids)
+        kept[step] = value
     return kept, dropped
 
 
@@ -85,7 +86,7 @@ def audit_records(
     """The audit of one run from its records (`metrics.jsonl` rows, in order) and, if saved, its
     `trajectories.jsonl` rows. `group_size` is only needed for runs written before segments were recorded."""
     audit = Audit()
-    steps: list[tuple[int, list[str]]] = []
+    steps: list[tuple[int, tuple[list[str], bool]]] = []  # step -> (ids, skipped for a non-finite loss)
     last_start: dict[str, Any] = {}
     last_end: dict[str, Any] | None = None
     dispatched: set[int] = set()  # by the last segment
@@ -96,7 +97,7 @@ def audit_records(
             last_start, last_end, dispatched = r, None, set()
             group_size = r.get("group_size", group_size)
         elif kind == "step":
-            steps.append((r["step"], list(r["traj_versions"])))
+            steps.append((r["step"], (list(r["traj_versions"]), bool(r.get("nonfinite")))))
         elif kind == "dispatch":
             dispatched.update(r["groups"])
         elif kind == "end":
@@ -106,7 +107,9 @@ def audit_records(
         raise ValueError("audit: the records name no group size (no `segment` record and no config)")
 
     kept, audit.rolled_back_steps = _lineage(steps)
-    times = Counter(tid for ids in kept.values() for tid in ids)
+    times = Counter(tid for ids, skipped in kept.values() if not skipped for tid in ids)
+    consumed = Counter(tid for ids, _ in kept.values() for tid in ids)
+    skipped = {tid for ids, skip in kept.values() if skip for tid in ids} - set(times)
     audit.trained = len(times)
     audit.duplicated = {tid: n for tid, n in sorted(times.items()) if n > 1}
 
@@ -120,8 +123,8 @@ def audit_records(
             order[-1][1].append(row["traj_id"])
         by_step, _ = _lineage(order)
         saved = Counter(tid for ids in by_step.values() for tid in ids)
-        if saved != times:
-            differ = sorted(set(saved.items()) ^ set(times.items()))[:5]
+        if saved != consumed:
+            differ = sorted(set(saved.items()) ^ set(consumed.items()))[:5]
             audit.problems.append(
                 f"trajectories.jsonl and metrics.jsonl disagree on what was trained (e.g. {differ})"
             )
@@ -144,7 +147,7 @@ def audit_records(
         audit.problems.append(
             f"groups {beyond[:5]} were dispatched but the prompt pool counts {issued_groups}"
         )
-    never_issued = sorted(tid for tid in times if _group_of(tid) >= issued_groups)
+    never_issued = sorted(tid for tid in consumed if _group_of(tid) >= issued_groups)
     if never_issued:
         audit.problems.append(f"trained but never issued: {never_issued[:5]} ({len(never_issued)} in all)")
 
@@ -154,7 +157,9 @@ def audit_records(
             tid = f"{g}:{i}"
             if tid in times:
                 continue
-            if tid in pending or g in queued:
+            if tid in skipped:
+                audit.lost[tid] = "skipped_step"
+            elif tid in pending or g in queued:
                 audit.pending += 1
             else:
                 audit.lost[tid] = dropped.get(tid, "unexplained")

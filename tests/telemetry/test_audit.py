@@ -50,6 +50,12 @@ def test_losses_with_a_reason_are_counted_but_only_unexplained_ones_fail():
     assert a.ok and a.counts()["lost"] == 2
 
 
+def test_a_step_skipped_for_a_non_finite_loss_trained_nothing():
+    skipped = {**step(2, 1), "nonfinite": True}
+    a = audit_records([segment(), step(1, 0), skipped, end(2)])
+    assert a.ok and a.trained == 2 and a.lost == {"1:0": "skipped_step", "1:1": "skipped_step"}
+
+
 def test_a_resumed_run_counts_the_steps_it_kept_over_both_segments():
     """Segment 1 trained steps 1-3 and checkpointed at step 2, then died without an end record; segment 2
     resumed at step 2, issued group 2 again and trained it at step 3 (segment 1's step 3 was rolled back)."""
