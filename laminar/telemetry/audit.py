@@ -114,7 +114,6 @@ def audit_records(
     audit.duplicated = {tid: n for tid, n in sorted(times.items()) if n > 1}
 
     if trajectories is not None:
-        by_step: dict[int, list[str]] = {}
         order: list[tuple[int, list[str]]] = []
         for row in trajectories:  # rows of one step are consecutive; a step number going back is a resume
             step = row["trained_at"]
