@@ -108,7 +108,8 @@ async def repack_once(
             out.orphans += [it for it in back if it[1].group.traj_id(it[1].sample_idx) in again]
             stats.refused += len(refused)
             stats.orphaned += len(again)
-            kept_back.add(src)
+            if len(again) < len(back):
+                kept_back.add(src)
         moved = [it for it in items if it[1].group.traj_id(it[1].sample_idx) not in refused]
         ids = [state.group.traj_id(state.sample_idx) for _, state in moved]
         if ids:

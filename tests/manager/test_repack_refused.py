@@ -48,7 +48,7 @@ def test_a_move_refused_by_both_ends_continues_on_a_replica_of_its_version():
     manager = manager_over(replicas, pool, buffer)
     asyncio.run(manager._repack_round(None))
     s = manager.repack_stats
-    assert (s.moved, s.refused, s.orphaned) == (0, 1, 1)
+    assert (s.moved, s.refused, s.orphaned, s.released) == (0, 1, 1, 1)  # the source is free all the same
     keeper = replicas[2]
     exported, state = keeper.running["7:0"]
     # its version kept, and the tokens the pool holds: the pool's record stays whole, 9 is made again
@@ -85,5 +85,6 @@ def test_a_dead_destination_hands_the_move_back_to_its_source():
     dst = Replica(1, 3, [item(PromptGroup(8, [1], n=1), 0, 3)], blocks=3, dies_before="import_requests")
     manager = manager_over([src, dst, Replica(2, 3, [item(g, 1, 3)], waiting=1)], pool, buffer)
     asyncio.run(manager._repack_round(None))
-    assert dst.dead and manager.repack_stats.refused == 1 and manager.repack_stats.orphaned == 0
+    s = manager.repack_stats
+    assert dst.dead and (s.refused, s.orphaned, s.released) == (1, 0, 0)
     assert src.running["7:0"][0].output_token_ids == [4] and pool.get("7:0").replica == 0
