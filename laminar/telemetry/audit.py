@@ -11,8 +11,9 @@ The records it reads, all in `metrics.jsonl` (plus `trajectories.jsonl` when the
 
 A resumed segment continues from a checkpoint: the steps an earlier segment took past it were rolled back (their
 weights were never kept), so a step record for step s drops every earlier record of a step >= s. Group ids are
-issued in order from 0, so `issued_groups` names every id issued. `summary.json` takes its `lost` and
-`duplicated` from `audit_run`, so the summary and the files cannot disagree.
+issued in order from 0, so `issued_groups` names every id issued. A group trained with samples begun at
+different versions is a fault too. `summary.json` takes its `lost` and `duplicated` from `audit_run`, so the
+summary and the files cannot disagree.
 """
 
 from __future__ import annotations
@@ -78,6 +79,15 @@ def _group_of(traj_id: str) -> int:
     return int(traj_id.split(":", 1)[0])
 
 
+def _mixed_groups(traj_versions: dict[str, list[int]]) -> set[int]:
+    """Groups of one step whose samples began at different versions (a trajectory's first version is the
+    lowest of its tokens': partial rollout only ever moves a trajectory forward)."""
+    began: dict[int, set[int]] = {}
+    for tid, versions in traj_versions.items():
+        began.setdefault(_group_of(tid), set()).add(min(versions))
+    return {g for g, v in began.items() if len(v) > 1}
+
+
 def audit_records(
     records: Iterable[dict[str, Any]],
     trajectories: Iterable[dict[str, Any]] | None = None,
@@ -86,7 +96,8 @@ def audit_records(
     """The audit of one run from its records (`metrics.jsonl` rows, in order) and, if saved, its
     `trajectories.jsonl` rows. `group_size` is only needed for runs written before segments were recorded."""
     audit = Audit()
-    steps: list[tuple[int, tuple[list[str], bool]]] = []  # step -> (ids, skipped for a non-finite loss)
+    # step -> ({id: versions of its tokens}, skipped for a non-finite loss)
+    steps: list[tuple[int, tuple[dict[str, list[int]], bool]]] = []
     last_start: dict[str, Any] = {}
     last_end: dict[str, Any] | None = None
     dispatched: set[int] = set()  # by the last segment
@@ -97,7 +108,7 @@ def audit_records(
             last_start, last_end, dispatched = r, None, set()
             group_size = r.get("group_size", group_size)
         elif kind == "step":
-            steps.append((r["step"], (list(r["traj_versions"]), bool(r.get("nonfinite")))))
+            steps.append((r["step"], (r["traj_versions"], bool(r.get("nonfinite")))))
         elif kind == "dispatch":
             dispatched.update(r["groups"])
         elif kind == "end":
@@ -141,6 +152,9 @@ def audit_records(
             f"segment {audit.segments} has no `end` record (the run did not stop cleanly): what it had in "
             "flight is unknown; resume it (`laminar train --resume RUN_DIR`) and audit again"
         )
+    mixed = sorted(g for versions, _ in kept.values() for g in _mixed_groups(versions))
+    if mixed:
+        audit.problems.append(f"groups trained with samples of different versions: {mixed[:5]}")
     beyond = sorted(g for g in dispatched if g >= issued_groups)
     if beyond:
         audit.problems.append(

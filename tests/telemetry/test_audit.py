@@ -50,6 +50,16 @@ def test_losses_with_a_reason_are_counted_but_only_unexplained_ones_fail():
     assert a.ok and a.counts()["lost"] == 2
 
 
+def test_a_group_trained_with_samples_of_two_versions_is_a_fault():
+    mixed = step(1, 0)
+    mixed["traj_versions"]["0:1"] = [3]
+    a = audit_records([segment(), mixed, end(1)])
+    assert not a.ok and "different versions: [0]" in a.problems[0]
+    resumed = step(1, 0)  # partial rollout: a trajectory resumed on newer weights began at its first version
+    resumed["traj_versions"]["0:1"] = [0, 1]
+    assert audit_records([segment(), resumed, end(1)]).ok
+
+
 def test_a_step_skipped_for_a_non_finite_loss_trained_nothing():
     skipped = {**step(2, 1), "nonfinite": True}
     a = audit_records([segment(), step(1, 0), skipped, end(2)])
