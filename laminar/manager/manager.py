@@ -405,12 +405,14 @@ class RolloutManager:
                 }
             )
 
-    async def _place(self, homeless: list[Any], groups: dict[int, PromptGroup]) -> dict[str, int]:
+    async def _place(
+        self, homeless: list[PartialTrajectory], groups: dict[int, PromptGroup]
+    ) -> dict[str, int]:
         """Find a replica for each group with homeless samples (`plan_recovery`), version by version: a group
         whose version no live replica holds restarts whole, and the buffer forgets what it held of it. A target
         that changed version before the import refuses it; the group is planned again (bounded)."""
         done = {"recovered": 0, "restarted": 0, "restarted_groups": 0}
-        by_group: dict[int, list[Any]] = {}
+        by_group: dict[int, list[PartialTrajectory]] = {}
         for e in homeless:
             by_group.setdefault(e.group_id, []).append(e)
         pending = set(groups)
@@ -460,7 +462,7 @@ class RolloutManager:
         return done
 
     async def _group_work(
-        self, groups: dict[int, PromptGroup], homeless: dict[int, list[Any]]
+        self, groups: dict[int, PromptGroup], homeless: dict[int, list[PartialTrajectory]]
     ) -> list[GroupWork]:
         """What the planner needs of each group: its homeless samples, those never begun, and every version its
         samples run or ran at (in flight anywhere, or held by the buffer)."""
