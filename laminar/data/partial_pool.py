@@ -23,9 +23,8 @@ class PartialTrajectory:
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     restarts: int = 0
-    meta: dict[str, Any] = field(
-        default_factory=dict
-    )  # the group's row: the reward needs it after a recovery
+    # the group's row, so a recovered trajectory is still scored against it (e.g. its answer)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def group(self) -> PromptGroup:
         return PromptGroup(self.group_id, list(self.prompt_ids), self.group_size, dict(self.meta))
