@@ -120,12 +120,14 @@ def train(
     start_ray(cfg)
     schedule = schedules.get(cfg.schedule.name)
     recorder = Recorder(out, console=None if quiet else Console())
-    rt = Runtime.start(cfg, model_path, recorder, schedule.dispatch(cfg), resume=ckpt if resume else None)
+    rt = None
     try:
+        rt = Runtime.start(cfg, model_path, recorder, schedule.dispatch(cfg), resume=ckpt if resume else None)
         return _run(cfg, out, rt, schedule, recorder, resume, quiet, hook, model_path)
     finally:
         recorder.close()
-        rt.shutdown()  # every exit path frees the actors and their shared memory
+        if rt is not None:
+            rt.shutdown()  # every exit path frees the actors and their shared memory
 
 
 def _run(
