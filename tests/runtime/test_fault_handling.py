@@ -8,6 +8,7 @@ import glob
 import json
 import math
 import os
+import subprocess
 import time
 
 import pytest
@@ -48,6 +49,12 @@ def strict(text: str):
 
 def strict_lines(path):
     return [strict(line) for line in path.read_text().splitlines()]
+
+
+def exited_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
 
 
 def write_rows(path, rows):
@@ -107,6 +114,8 @@ def test_failing_rewards_and_a_dead_replica_loop_cost_nothing_and_leave_no_share
             "run.timeout_s=90",
         ],
     )
+    stale = os.path.join(SHM_DIR, f"laminar-{exited_pid()}-0badc0de-publish-0")
+    open(stale, "wb").close()  # what a killed trainer leaves behind
     seen = {}
 
     def hook(rt, m):
@@ -146,6 +155,7 @@ def test_failing_rewards_and_a_dead_replica_loop_cost_nothing_and_leave_no_share
     # the trainer's publish slots and the relays' slots are gone with their processes' run
     for pid in seen["pids"]:
         assert glob.glob(os.path.join(SHM_DIR, f"laminar-{pid}-*")) == [], pid
+    assert not os.path.exists(stale), "a dead process's slot was not swept when the run started"
 
     # a resume that fails after its checks (here: another dataset) is one line and leaves config.yaml alone
     config_before = (out / "config.yaml").read_bytes()
