@@ -203,8 +203,9 @@ class RolloutReplica:
                     self._add(groups)
                 self._decode()
         except Exception as e:  # the replica is dead: the manager sees the error and replaces it
-            self.error_line, self.error_kind = describe_error(e)
-            self.error = traceback.format_exc()
+            if self.error is None:
+                self.error_line, self.error_kind = describe_error(e)
+                self.error = traceback.format_exc()
             self._beat(force=True)
 
     def _apply_commands(self) -> None:
@@ -321,7 +322,15 @@ class RolloutReplica:
             t_start=state.t_start,
             t_end=time.time(),
         )
-        self.score_pool.submit(self._score_and_store, traj, state.group)
+        self.score_pool.submit(self._score_and_store, traj, state.group).add_done_callback(self._stored)
+
+    def _stored(self, future: cf.Future) -> None:
+        """A finished trajectory that did not reach the buffer would be lost silently: the replica is declared
+        dead instead, so the manager recovers the work it owes and replaces it."""
+        exc = None if future.cancelled() else future.exception()
+        if exc is not None and self.error is None:
+            self.error_line, self.error_kind = describe_error(exc)
+            self.error = "".join(traceback.format_exception(exc))
 
     def _score_and_store(self, traj: Trajectory, group: PromptGroup) -> None:
         traj.reward = self.scorer.score(traj, group.meta)  # a failing reward function scores 0, noted on traj

@@ -6,7 +6,6 @@ relay on every node that hosts rollouts, chained master first; each replica pull
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from laminar.manager.manager import Dispatch, RolloutFailure, RolloutManager
 from laminar.relay.chain import build_chain, relay_on_node
 from laminar.relay.relay import RelaySettings
 from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor, ReplicaActor, TrainerActor
-from laminar.telemetry.recorder import Recorder
+from laminar.telemetry.recorder import Recorder, dumps
 from laminar.trainer.state_files import read_json, write_json
 
 
@@ -351,7 +350,7 @@ class Runtime:
                     "prompt_ids": t.prompt_ids,
                     "response_ids": t.response_ids,
                 }
-                f.write(json.dumps(row) + "\n")
+                f.write(dumps(row) + "\n")  # strict JSON, as every file of the run
 
     def collect(self) -> None:
         """Pull the manager's replica timeline and events into the run log."""
