@@ -168,12 +168,20 @@ def _run(
     t_start = time.time()
     try:
         schedule.run(rt, steps, on_step)
-    finally:
-        wall = time.time() - t_start
-        end = rt.stop()
-        rt.checkpoint(ckpt)
-        for v, seconds in sorted(rt.propagation().items()):
-            recorder.log("propagation", version=v, seconds=seconds)
+    except BaseException:
+        try:  # stop and checkpoint what there is; an error doing so must not hide the run's own
+            rt.stop()
+            rt.checkpoint(ckpt)
+        except Exception as e:  # noqa: BLE001 - logged; the run's own error is the one raised
+            from laminar.telemetry.console import one_line
+
+            recorder.log("stop_error", error=one_line(e), traceback="".join(traceback.format_exception(e)))
+        raise
+    wall = time.time() - t_start
+    end = rt.stop()
+    rt.checkpoint(ckpt)
+    for v, seconds in sorted(rt.propagation().items()):
+        recorder.log("propagation", version=v, seconds=seconds)
     buf, partial = end["buffer"], end["partial"]
     generated = buf.get("added", 0)
     in_buffer = buf.get("size", 0)

@@ -22,8 +22,8 @@ def alert_line(record: dict[str, Any]) -> str | None:
         return f"replica {record.get('replica')}: its generation loop raised {record.get('error')}"
     if kind == "step" and record.get("nonfinite"):
         return (
-            f"step {record.get('step')}: loss {record.get('loss')}, grad norm {record.get('grad_norm')} not "
-            "finite; step skipped, weights unchanged"
+            f"step {record.get('step')}: the loss or the gradient norm is NaN or inf; step skipped, weights "
+            "unchanged"
         )
     return None
 
