@@ -82,6 +82,7 @@ class TrainerConfig:
 class RelayConfig:
     chunk_mb: float = 4.0
     slots: int = 3
+    tls: bool = False  # relay links over mutual TLS with a per-run certificate (on top of the HMAC handshake)
 
 
 @dataclass

@@ -136,10 +136,21 @@ def unflatten(buffer: np.ndarray | torch.Tensor, layout: WeightLayout) -> dict[s
 
 
 def load_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a Hugging Face model directory's *.safetensors files (CPU, memory-mapped)."""
+    """Every tensor of a Hugging Face model directory's weight files (CPU, memory-mapped): those its
+    `model.safetensors.index.json` names, else `model.safetensors`, else every *.safetensors (a checkpoint
+    directory also holds the trainer's own safetensors, which are not weights)."""
+    import json
+
     from safetensors.torch import load_file
 
-    files = sorted(Path(path).glob("*.safetensors"))
+    root = Path(path)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        files = [root / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    elif (root / "model.safetensors").is_file():
+        files = [root / "model.safetensors"]
+    else:
+        files = sorted(root.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(
             f"no *.safetensors in {path}: save the model with save_pretrained(..., safe_serialization=True)"

@@ -34,7 +34,14 @@ def _start_cluster(num_workers: int) -> Any:
 
 
 def _run_chain(
-    head: str, workers: list[str], nbytes: int, chunk_bytes: int, versions: int, warmup: int
+    head: str,
+    workers: list[str],
+    nbytes: int,
+    chunk_bytes: int,
+    versions: int,
+    warmup: int,
+    tls: bool = False,
+    local_shm: bool = True,
 ) -> dict[str, Any]:
     """Publish `versions` versions through master -> workers; per version, wait for the last relay."""
     import ray
@@ -44,9 +51,9 @@ def _run_chain(
     from laminar.relay.publisher import WeightPublisher
     from laminar.relay.relay import RelaySettings
 
-    settings = RelaySettings.for_run(chunk_bytes=chunk_bytes)
-    relays = [relay_on_node(head, "bench-master", settings)]
-    relays += [relay_on_node(n, f"bench-{i}", settings) for i, n in enumerate(workers)]
+    settings = RelaySettings.for_run(chunk_bytes=chunk_bytes, tls=tls)
+    relays = [relay_on_node(head, "bench-master", settings, local_shm=local_shm)]
+    relays += [relay_on_node(n, f"bench-{i}", settings, local_shm=local_shm) for i, n in enumerate(workers)]
     build_chain(relays)
     pub = WeightPublisher(relays[0])
     w = np.random.default_rng(0).integers(0, 256, size=nbytes, dtype=np.uint8)
@@ -103,6 +110,20 @@ def _pull_times(relay: Any, nbytes: int, repeats: int = 5) -> dict[str, float]:
         th_dst.copy_(torch.from_numpy(buf))
 
     out: dict[str, float] = {}
+    if torch.cuda.is_available():  # the engine's pull: registered slot mappings, copied to the GPU
+        gpu = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+
+        def into_cuda(buf: np.ndarray, layout: Any, version: int) -> None:
+            gpu.copy_(torch.from_numpy(buf), non_blocking=True)
+            torch.cuda.synchronize()
+
+        pinned = SlotReader(relay, pin=None)
+        try:
+            out["cuda_kept_map_s"] = statistics.median(
+                pinned.pull(into_cuda, None)[1] for _ in range(repeats)
+            )
+        finally:
+            pinned.close()
     reader = SlotReader(relay, pin=False)
     try:
         for how, pull in (
@@ -251,6 +272,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--versions", type=int, default=5, help="measured versions per configuration (default 5)")
     p.add_argument("--warmup", type=int, default=3, help="versions first published unmeasured (default 3)")
     p.add_argument("--no-store-and-forward", action="store_true", help="skip the one-chunk reference chain")
+    p.add_argument("--tls", action="store_true", help="also measure the pipelined chain over TLS (relay.tls)")
     p.add_argument("--out", default="results/relay", help="output folder (default results/relay)")
     args = p.parse_args(argv)
     if args.relays < 1 or args.mb < 1:
@@ -284,7 +306,9 @@ def main(argv: list[str]) -> int:
                 "tcp_link_gb_per_s": "one plain TCP stream on the same loopback, sendfile -> recv_into",
                 "stall": "WeightPublisher.publish wall time (copy into the trainer's shm slot + async notify)",
             },
-            "transport": "TCP over loopback between Ray nodes of one machine (ray.cluster_utils.Cluster)",
+            "transport": "Ray nodes of one machine (ray.cluster_utils.Cluster): 'pipelined' copies between relays "
+            "through shared memory, as relays of one machine do; 'pipelined_tcp' sends every chunk over loopback "
+            "TCP, as relays of different machines do",
         }
         t = time.time()
         result["pipelined"] = _run_chain(head, workers, nbytes, chunk, total, args.warmup)
@@ -296,6 +320,15 @@ def main(argv: list[str]) -> int:
             print(
                 f"store-and-forward: reach (s) {np.round(result['store_and_forward']['reach_median_s'], 3)}"
             )
+        # The same chain with every hop over TCP, as between machines (one relay per machine): the hop rate
+        # against the plain TCP stream's.
+        result["pipelined_tcp"] = _run_chain(
+            head, workers, nbytes, chunk, total, args.warmup, local_shm=False
+        )
+        print(f"pipelined over TCP: reach (s) {np.round(result['pipelined_tcp']['reach_median_s'], 3)}")
+        if args.tls:
+            result["pipelined_tls"] = _run_chain(head, workers, nbytes, chunk, total, args.warmup, tls=True)
+            print(f"pipelined over TLS: reach (s) {np.round(result['pipelined_tls']['reach_median_s'], 3)}")
         stall = {args.relays: result["pipelined"]["stall_median_s"]}
         stall_min = {args.relays: result["pipelined"]["stall_min_s"]}
         for n in sorted({0, 1, 2} - {args.relays}):
@@ -307,7 +340,7 @@ def main(argv: list[str]) -> int:
         reach = result["pipelined"]["reach_median_s"]
         result["last_over_first_relay"] = reach[-1] / reach[1]
         result["last_over_master"] = reach[-1] / reach[0]
-        hops = result["pipelined"]["receive_gb_per_s"][1:]
+        hops = result["pipelined_tcp"]["receive_gb_per_s"][1:]
         result["tcp_link_gb_per_s"] = _tcp_link_gbps(nbytes)
         result["hop_over_link"] = [h / result["tcp_link_gb_per_s"] for h in hops]
         result["security"] = _security_costs(nbytes, chunk)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 from collections import deque
 
@@ -25,20 +26,22 @@ class _Relinked(Exception):
     """The manager pointed this relay at another downstream while a version was on its way."""
 
 
-class _FileNo:
-    """What socket.sendfile needs from a file: its descriptor."""
-
-    def __init__(self, fd: int):
-        self._fd = fd
-
-    def fileno(self) -> int:
-        return self._fd
-
-
 class Forwarder:
-    def __init__(self, pool: SlotPool, name: str, secret: bytes, io_timeout: float = 60.0):
+    def __init__(
+        self,
+        pool: SlotPool,
+        name: str,
+        secret: bytes,
+        tls: ssl.SSLContext | None = None,
+        io_timeout: float = 60.0,
+        local_host: str | None = None,
+    ):
+        """`local_host`: this relay's address; a downstream at the same address shares this machine's memory
+        and copies each chunk from our slot instead of reading it off the socket (None: never offered)."""
         self._pool = pool
         self._secret = secret
+        self._tls = tls
+        self._local_host = local_host
         self._cond = pool.cond  # the receiver's chunk_done wakes us through the pool's condition
         self._name = name
         self._io_timeout = io_timeout
@@ -142,12 +145,16 @@ class Forwarder:
                     if sock is not None:
                         sock.close()
                     sock = socket.create_connection(addr, timeout=self._io_timeout)
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    wire.tune(sock, self._io_timeout)
                     sock_gen = gen
                     with self._cond:
                         self._sock = sock  # from here a relink shuts it down, a stalled handshake too
                         if gen != self._gen:  # relinked while connecting
                             continue
+                    if self._tls is not None:
+                        sock = self._tls.wrap_socket(sock)
+                        with self._cond:
+                            self._sock = sock
                     wire.offer_handshake(sock, self._secret, self._name)
                 self._send(sock, slot, gen)
                 self._finish_job(slot)
@@ -167,11 +174,28 @@ class Forwarder:
 
     def _send(self, sock: socket.socket, slot: Slot, gen: int) -> None:
         version = slot.version
-        if not wire.send_begin(sock, version, slot.nbytes, slot.chunk_bytes, slot.layout_blob):
+        local = self._local_host is not None and self._addr is not None and self._addr[0] == self._local_host
+        reply = wire.send_begin(
+            sock,
+            version,
+            slot.nbytes,
+            slot.chunk_bytes,
+            slot.layout_blob,
+            slot.buffer.path if local and self._tls is None else "",
+        )
+        if reply == wire.SKIP:
             with self._cond:
                 self.skipped_by_downstream.append(version)
             return
-        src = _FileNo(slot.buffer.fd)
+        try:
+            self._send_chunks(sock, slot, gen, payload=reply == wire.ACCEPT)
+        finally:
+            if reply == wire.LOCAL:  # the receiver reads our slot until it says DONE; only then may it go
+                if wire.recv_exact(sock, 1) != wire.DONE:
+                    raise wire.Refused("expected DONE from a downstream copying our slot")
+
+    def _send_chunks(self, sock: socket.socket, slot: Slot, gen: int, payload: bool) -> None:
+        version = slot.version
         for i in range(slot.nchunks):
             with self._cond:
                 while (
@@ -193,9 +217,13 @@ class Forwarder:
                     return
                 crc = slot.crcs[i]
             off, n = slot.chunk(i)
-            wire.send_header(sock, wire.CHUNK, i, crc, n)
-            if n:
-                sock.sendfile(src, off, n)  # type: ignore[arg-type]
+            if not payload:
+                wire.send_header(sock, wire.CHUNK, i, crc, n)
+            elif self._tls is None:
+                wire.send_chunk(sock, i, crc, slot.buffer.fd, off, n)
+            else:  # TLS encrypts in this process: no sendfile
+                wire.send_header(sock, wire.CHUNK, i, crc, n)
+                sock.sendall(slot.buffer.array[off : off + n])
         with self._cond:  # END carries the digest, which exists once this relay verified (or made) it
             while not slot.digest and slot.state == WRITING and gen == self._gen and not self._stopped:
                 self._cond.wait(timeout=1.0)

@@ -26,7 +26,8 @@ import ray
 
 from laminar.relay import wire
 from laminar.relay.forward import Address, Forwarder
-from laminar.relay.slots import READY, SHM_DIR, WRITING, MappedView, Slot, SlotPool
+from laminar.relay.slots import READY, SHM_DIR, WRITING, MappedView, Slot, SlotPool, is_slot_name
+from laminar.relay.tls import RunCertificate
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +43,21 @@ class RelaySettings:
     secret: bytes
     num_slots: int = 3
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    tls: RunCertificate | None = None  # relay.tls: links also run over mutual TLS with this certificate
 
     @classmethod
-    def for_run(cls, num_slots: int = 3, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> RelaySettings:
-        return cls(secrets.token_bytes(32), num_slots, chunk_bytes)
+    def for_run(
+        cls, num_slots: int = 3, chunk_bytes: int = DEFAULT_CHUNK_BYTES, tls: bool = False
+    ) -> RelaySettings:
+        return cls(secrets.token_bytes(32), num_slots, chunk_bytes, RunCertificate.make() if tls else None)
 
     def kwargs(self) -> dict[str, Any]:
-        return {"secret": self.secret, "num_slots": self.num_slots, "chunk_bytes": self.chunk_bytes}
+        return {
+            "secret": self.secret,
+            "num_slots": self.num_slots,
+            "chunk_bytes": self.chunk_bytes,
+            "tls": self.tls,
+        }
 
 
 @dataclass
@@ -90,10 +99,13 @@ class Relay:
         lease_ttl: float = 300.0,
         max_version_bytes: int | None = None,
         copy_threads: int | None = None,
+        tls: RunCertificate | None = None,
+        local_shm: bool = True,
     ):
         """`secret`: the run's relay secret (RelaySettings); `max_version_bytes`: the largest version a BEGIN
         may announce (default: the size of the shared-memory filesystem); `copy_threads`: the master's
-        parallel copy and checksum (default: up to 8, one per core)."""
+        parallel copy and checksum (default: up to 8, one per core); `local_shm`: between two relays of one
+        machine, copy chunks through shared memory instead of TCP (never under TLS)."""
         if not wire.MIN_CHUNK_BYTES <= chunk_bytes <= wire.MAX_CHUNK_BYTES:
             raise ValueError(
                 f"chunk_bytes={chunk_bytes}: must be {wire.MIN_CHUNK_BYTES} to {wire.MAX_CHUNK_BYTES} bytes"
@@ -116,7 +128,13 @@ class Relay:
         )
         self._pool = SlotPool(name, num_slots)
         self._cond = self._pool.cond
-        self._forwarder = Forwarder(self._pool, name, secret)
+        self._tls_server, tls_client = tls.contexts() if tls is not None else (None, None)
+        self._server = socket.create_server((host or node_ip(), 0))
+        self._server.settimeout(1.0)
+        self._local_shm = local_shm
+        self._forwarder = Forwarder(
+            self._pool, name, secret, tls_client, local_host=self.address()[0] if local_shm else None
+        )
         self._upstream: str | None = None  # the only relay name this one accepts versions from
         self._leases: dict[int, tuple[Slot, float]] = {}
         self._lease_ids = itertools.count(1)
@@ -134,8 +152,6 @@ class Relay:
         self._handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
         self._stopped = False
         self._offer: _Offer | None = None
-        self._server = socket.create_server((host or node_ip(), 0))
-        self._server.settimeout(1.0)
         self._threads = [
             threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True),
             threading.Thread(target=self._ingest_loop, name=f"{name}-ingest", daemon=True),
@@ -400,7 +416,10 @@ class Relay:
     def _receive_loop(self, conn: socket.socket, peer: Any) -> None:
         try:
             conn.settimeout(wire.HANDSHAKE_TIMEOUT_S)
+            if self._tls_server is not None:
+                conn = self._tls_server.wrap_socket(conn, server_side=True)
             wire.accept_handshake(conn, self._secret, self._is_upstream)
+            wire.tune(conn, None)
         except (OSError, wire.ConnectionLost) as e:
             self._refuse(conn, peer, f"handshake failed: {e}")
             return
@@ -411,9 +430,9 @@ class Relay:
         version, last = -1, -1
         try:
             while not self._stopped:
-                conn.settimeout(None)  # idle between versions for as long as training takes
+                wire.set_io_timeout(conn, None)  # idle between versions for as long as training takes
                 kind, version, nbytes, chunk_bytes = wire.recv_header(conn)
-                conn.settimeout(60.0)
+                wire.set_io_timeout(conn, 60.0)
                 if kind != wire.BEGIN:
                     raise wire.Refused(f"expected BEGIN, got {kind!r}")
                 wire.check_begin(
@@ -422,6 +441,7 @@ class Relay:
                 last = version
                 blob = wire.recv_layout_blob(conn)
                 layout = wire.decode_layout(blob, nbytes)
+                source = self._map_upstream_slot(wire.recv_local_path(conn), nbytes)
                 slot = None
                 if self._wants(version):
                     self._reap_leases()
@@ -431,12 +451,21 @@ class Relay:
                         )
                     except TimeoutError as e:
                         log.warning("%s: skipping version %d: %s", self.name, version, e)
-                conn.sendall(wire.ACCEPT if slot is not None else wire.SKIP)
                 if slot is None:
+                    if source is not None:
+                        source.close()
+                    conn.sendall(wire.SKIP)
                     self._count("skipped")
                     continue
+                conn.sendall(wire.ACCEPT if source is None else wire.LOCAL)
                 self._forwarder.enqueue(slot)
-                self._receive_version(conn, slot, scratch)
+                if source is None:
+                    self._receive_version(conn, slot, scratch)
+                else:
+                    try:
+                        self._copy_version(conn, slot, source)
+                    finally:
+                        source.close()
                 slot = None
         except wire.Refused as e:
             if slot is not None:
@@ -447,6 +476,81 @@ class Relay:
                 log.info("%s: upstream lost during version %d: %r", self.name, version, e)
         finally:
             conn.close()
+
+    def _map_upstream_slot(self, path: str, nbytes: int) -> MappedView | None:
+        """The upstream's slot, when it offered one and it is a slot file of this machine's shared memory."""
+        if not path or not self._local_shm or self._tls_server is not None:
+            return None
+        real = os.path.realpath(path)
+        if os.path.dirname(real) != os.path.realpath(SHM_DIR) or not is_slot_name(os.path.basename(real)):
+            raise wire.Refused(f"offered slot path {path!r} is not a Laminar slot in {SHM_DIR}")
+        try:
+            if os.stat(real).st_size < nbytes:
+                return None
+            return MappedView(real, nbytes, shared=True)
+        except OSError:
+            return None  # another machine after all: take the bytes over the socket
+
+    def _copy_version(self, conn: socket.socket, slot: Slot, source: MappedView) -> None:
+        """Chunks from the upstream's slot on this machine: each CHUNK frame says a chunk is ready there; the
+        copy and checksum run on the copy threads, and DONE tells the upstream we no longer read its slot."""
+        pending: list[Any] = []
+        bad: list[int] = []
+
+        def copy(i: int, crc: int) -> None:
+            off, n = slot.chunk(i)
+            dst = slot.buffer.array[off : off + n]
+            np.copyto(dst, source.array[off : off + n])
+            if wire.checksum(dst) != crc:
+                bad.append(i)
+            else:
+                self._pool.chunk_done(slot, i, crc)
+
+        try:
+            expected = 0
+            while True:
+                kind, a, b, c = wire.recv_header(conn)
+                if kind == wire.CHUNK:
+                    if a != expected or slot.chunk(min(a, slot.nchunks - 1))[1] != c or a >= slot.nchunks:
+                        raise wire.Refused(f"chunk {a} of {c} bytes, expected chunk {expected}")
+                    pending.append(self._copiers.submit(copy, a, b))
+                    expected += 1
+                    continue
+                for f in pending:
+                    f.result()
+                if kind == wire.END:
+                    digest = wire.recv_exact(conn, wire.MAC_BYTES)
+                    self._end_version(slot, digest, bad, "upstream, shared memory")
+                    return
+                if kind == wire.ABORT:
+                    self._abort_if_writing(slot, slot.version)
+                    return
+                raise wire.Refused(f"unexpected frame {kind!r} inside a version")
+        finally:
+            for f in pending:
+                f.cancel()
+            for f in pending:
+                if not f.cancelled():
+                    f.exception()  # wait: the copy must be over before the upstream may reuse its slot
+            try:
+                conn.sendall(wire.DONE)
+            except OSError:
+                pass  # the upstream is gone; what went wrong is already on its way up
+
+    def _end_version(self, slot: Slot, digest: bytes, bad: list[int], source: str) -> None:
+        """Expose the version if every chunk checked out and the digest verifies; else it stays hidden."""
+        if bad:
+            log.warning("%s: version %d chunks %s failed their checksum", self.name, slot.version, bad)
+            self._count("crc_errors")
+            self._abort_if_writing(slot, slot.version)
+            return
+        if slot.ready_chunks != slot.nchunks:
+            raise wire.Refused(f"END after {slot.ready_chunks} of {slot.nchunks} chunks")
+        if not hmac.compare_digest(digest, self._digest(slot)):
+            self._count("digest_errors")
+            raise wire.Refused(f"version {slot.version}: its digest does not verify; not exposed")
+        self._pool.sign(slot, digest)
+        self._finish(slot, source)
 
     def _receive_version(self, conn: socket.socket, slot: Slot, scratch: memoryview) -> None:
         ok = True
@@ -477,15 +581,8 @@ class Relay:
                 self._pool.chunk_done(slot, index, crc)
             elif kind == wire.END:
                 digest = wire.recv_exact(conn, wire.MAC_BYTES)
-                if not ok:
-                    return
-                if slot.ready_chunks != slot.nchunks:
-                    raise wire.Refused(f"END after {slot.ready_chunks} of {slot.nchunks} chunks")
-                if not hmac.compare_digest(digest, self._digest(slot)):
-                    self._count("digest_errors")
-                    raise wire.Refused(f"version {slot.version}: its digest does not verify; not exposed")
-                self._pool.sign(slot, digest)
-                self._finish(slot, "upstream")
+                if ok:
+                    self._end_version(slot, digest, [], "upstream, tcp")
                 return
             elif kind == wire.ABORT:
                 if ok:

@@ -22,6 +22,11 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
 _NAME = re.compile(r"^laminar-(?P<pid>\d+)-[0-9a-f]+-.+$")
 
 
+def is_slot_name(name: str) -> bool:
+    """A file name this module makes for a slot (what a relay may map when its upstream offers it)."""
+    return _NAME.match(name) is not None
+
+
 def sweep_stale(directory: str = SHM_DIR) -> int:
     """Unlink slot files whose owning process is gone (killed relays cannot clean up after themselves)."""
     removed = 0

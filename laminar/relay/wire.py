@@ -5,8 +5,9 @@ the sender answers with its relay name, a nonce of its own and a MAC over both; 
 that proves it holds the secret too. A peer without the secret, or replaying a recorded handshake (the nonce is
 new every time), is dropped before anything else is read, and the secret itself never crosses the link.
 
-A version then travels as BEGIN (version, nbytes, chunk_bytes, then the layout as JSON) answered by one byte
-(accept or skip), CHUNK frames (index, crc32c, length, payload) and END with the version's digest: an HMAC over
+A version then travels as BEGIN (version, nbytes, chunk_bytes, the layout as JSON, and the sender's slot path
+when both relays may share a machine) answered by one byte (accept, skip, or local: the receiver maps the
+sender's slot and copies from it, so CHUNK frames carry no payload and DONE acknowledges the end), CHUNK frames (index, crc32c, length, payload) and END with the version's digest: an HMAC over
 the version number, its sizes, the layout and every chunk's checksum, made where the version entered the tier (the
 master relay, from the trainer's slot). A receiver exposes a version only after that digest verified, so no bytes
 the trainer did not publish can be pulled, whatever happened on the link. ABORT replaces END when the sender lost
@@ -29,13 +30,15 @@ import numpy as np
 
 HEADER = struct.Struct("!4sqqq")
 BEGIN, CHUNK, END, ABORT = b"BEGN", b"CHNK", b"END_", b"ABRT"
-ACCEPT, SKIP = b"A", b"S"
+ACCEPT, SKIP, LOCAL, DONE = b"A", b"S", b"L", b"D"
 
 MAGIC = b"LMNR/1"
 NONCE_BYTES = 32
 MAC_BYTES = 32
 MAX_NAME_BYTES = 256
 MAX_LAYOUT_BYTES = 64 << 20  # a 1000-layer model's layout is a few MB of JSON
+MAX_PATH_BYTES = 4096
+SOCKET_BUFFER_BYTES = 8 << 20
 MIN_CHUNK_BYTES = 4 << 10
 MAX_CHUNK_BYTES = 1 << 30
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -150,11 +153,56 @@ def send_header(sock: socket.socket, kind: bytes, a: int = 0, b: int = 0, c: int
     sock.sendall(HEADER.pack(kind, a, b, c))
 
 
-def send_begin(sock: socket.socket, version: int, nbytes: int, chunk_bytes: int, layout_blob: bytes) -> bool:
-    """Offer a version; True when the receiver wants it."""
+def send_begin(
+    sock: socket.socket, version: int, nbytes: int, chunk_bytes: int, layout_blob: bytes, local_path: str = ""
+) -> bytes:
+    """Offer a version; the reply is SKIP, ACCEPT (send the payloads), or LOCAL: the receiver shares this
+    machine's memory and copies each chunk from `local_path`, our slot, so CHUNK frames carry no payload and
+    the sender waits for DONE before it may reuse the slot."""
+    path = local_path.encode()
     head = HEADER.pack(BEGIN, version, nbytes, chunk_bytes) + struct.pack("!q", len(layout_blob))
-    sock.sendall(head + layout_blob)
-    return recv_exact(sock, 1) == ACCEPT
+    sock.sendall(head + layout_blob + struct.pack("!q", len(path)) + path)
+    reply = recv_exact(sock, 1)
+    if reply not in (ACCEPT, SKIP, LOCAL) or (reply == LOCAL and not path):
+        raise Refused(f"unexpected reply {reply!r} to BEGIN")
+    return reply
+
+
+def send_chunk(sock: socket.socket, index: int, crc: int, fd: int, offset: int, length: int) -> None:
+    """One chunk straight from the slot's file (sendfile: the kernel copies; a blocking socket whose kernel
+    send timeout, SO_SNDTIMEO, turns a stalled peer into an error)."""
+    sock.sendall(HEADER.pack(CHUNK, index, crc, length))
+    out = sock.fileno()
+    while length > 0:
+        try:
+            n = os.sendfile(out, fd, offset, length)
+        except BlockingIOError as e:
+            raise ConnectionLost("the downstream took nothing for the whole I/O timeout") from e
+        if n == 0:
+            raise ConnectionLost("sendfile wrote nothing: peer closed")
+        offset += n
+        length -= n
+
+
+def tune(sock: socket.socket, io_timeout: float | None) -> None:
+    """Blocking mode with kernel-side timeouts (no poll per call, which costs dearly where system calls do)
+    and buffers big enough for multi-GB/s on one stream."""
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        except OSError:
+            pass  # capped by the system: fine
+    set_io_timeout(sock, io_timeout)
+
+
+def set_io_timeout(sock: socket.socket, seconds: float | None) -> None:
+    """SO_RCVTIMEO / SO_SNDTIMEO: a blocked read or write fails after `seconds` (None: waits forever)."""
+    s = 0.0 if seconds is None else seconds
+    tv = struct.pack("ll", int(s), int((s - int(s)) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
 def send_end(sock: socket.socket, version: int, digest: bytes) -> None:
@@ -185,6 +233,13 @@ def recv_layout_blob(sock: socket.socket) -> bytes:
     if not 0 <= n <= MAX_LAYOUT_BYTES:
         raise Refused(f"layout of {n} bytes (at most {MAX_LAYOUT_BYTES})")
     return recv_exact(sock, n)
+
+
+def recv_local_path(sock: socket.socket) -> str:
+    (n,) = struct.unpack("!q", recv_exact(sock, 8))
+    if not 0 <= n <= MAX_PATH_BYTES:
+        raise Refused(f"slot path of {n} bytes (at most {MAX_PATH_BYTES})")
+    return recv_exact(sock, n).decode("utf-8", errors="replace")
 
 
 def drain(sock: socket.socket, n: int, scratch: memoryview) -> None:

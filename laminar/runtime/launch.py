@@ -192,7 +192,9 @@ class Runtime:
         rt.trainer = TrainerActor.options(**rt.trainer_spec[0]).remote(plain, cfg.relay.slots)
         trainer_node = ray.get(rt.trainer.node_id.remote(), timeout=cfg.run.timeout_s)
         # One secret per run, handed to every relay through Ray: only this run's relays may feed the tier.
-        rt.relay_settings = RelaySettings.for_run(cfg.relay.slots, int(cfg.relay.chunk_mb * (1 << 20)))
+        rt.relay_settings = RelaySettings.for_run(
+            cfg.relay.slots, int(cfg.relay.chunk_mb * (1 << 20)), tls=cfg.relay.tls
+        )
         master = relay_on_node(trainer_node, "relay-master", rt.relay_settings)
         ray.get(rt.trainer.attach_master.remote(master), timeout=cfg.run.timeout_s)
         if resume is not None:

@@ -40,9 +40,11 @@ def held_bytes(relay: Relay) -> tuple[int, np.ndarray]:
         relay.release(lease.lease_id)
 
 
-@pytest.fixture
-def chain():
-    relays = [make_relay(f"local-{i}") for i in range(3)]
+@pytest.fixture(params=["shared-memory", "tcp"])
+def chain(request):
+    """Three relays on this machine: chunks between them through shared memory (as relays of one machine do)
+    or over the socket (as relays of different machines do)."""
+    relays = [make_relay(f"local-{i}", local_shm=request.param == "shared-memory") for i in range(3)]
     for up, down in zip(relays, relays[1:]):
         link(up, down)
     yield relays
@@ -74,6 +76,8 @@ def test_every_relay_holds_identical_bytes_for_every_version(chain, trainer_slot
             assert got_version == version and np.array_equal(got, w)
     stats = chain[-1].stats()
     assert sorted(stats["versions"]) == [1, 2, 5]
+    way = "shared memory" if chain[-1]._local_shm else "tcp"
+    assert all(h["source"] == f"upstream, {way}" for h in stats["versions"].values())
     assert stats["versions"][5]["chunks"] == (1 << 20) // CHUNK and stats["crc_errors"] == 0
 
 
@@ -96,7 +100,7 @@ class FakeUpstream:
         self.w = weights(version, nbytes)
         self.version, self.nbytes, self.crcs = version, nbytes, []
         self.blob = wire.encode_layout({"nbytes": nbytes})
-        assert wire.send_begin(self.sock, version, nbytes, CHUNK, self.blob)
+        assert wire.send_begin(self.sock, version, nbytes, CHUNK, self.blob) == wire.ACCEPT
 
     def chunk(self, i: int, corrupt: bool = False) -> None:
         data = self.w[i * CHUNK : (i + 1) * CHUNK].tobytes()

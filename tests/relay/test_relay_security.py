@@ -202,3 +202,47 @@ def test_a_version_going_back_on_one_link_is_refused(pair):
     wait_refusals(victim, 1)
     assert "never go back" in victim.stats()["refusals"][-1]["reason"]
     assert victim.newest_version() == 7
+
+
+def test_tls_links_carry_versions_and_refuse_plain_or_foreign_peers(trainer_tls_pair):
+    import ssl
+
+    from laminar.relay.tls import RunCertificate
+
+    master, victim, buf = trainer_tls_pair
+    still_carries_real_versions(master, victim, buf, 1)
+    plain = connect(victim)  # no TLS: what a plain relay would send first
+    plain.sendall(wire.MAGIC + struct.pack("!H", 10) + b"tls-master" + os.urandom(64))
+    assert closed_by_peer(plain)
+    wait_refusals(victim, 1)
+    _, foreign = RunCertificate.make().contexts()  # TLS, but another run's certificate
+    with pytest.raises((ssl.SSLError, OSError, wire.ConnectionLost)):
+        with foreign.wrap_socket(connect(victim)) as s:
+            wire.offer_handshake(s, SECRET, "tls-master")
+    wait_refusals(victim, 2)
+    still_carries_real_versions(master, victim, buf, 2)
+
+
+@pytest.fixture
+def trainer_tls_pair():
+    from laminar.relay.tls import RunCertificate
+
+    cert = RunCertificate.make()
+    master, victim = make_relay("tls-master", tls=cert), make_relay("tls-victim", tls=cert)
+    link(master, victim)
+    buf = ShmBuffer(new_buffer_path("tls-trainer", 0), 1 << 20)
+    yield master, victim, buf
+    buf.close()
+    master.shutdown()
+    victim.shutdown()
+
+
+def test_an_offered_slot_path_outside_shared_memory_is_refused(pair):
+    master, victim, buf = pair
+    sock = connect(victim)
+    wire.offer_handshake(sock, SECRET, "sec-master")
+    with pytest.raises((wire.ConnectionLost, OSError)):
+        wire.send_begin(sock, 5, 4 * CHUNK, CHUNK, wire.encode_layout({"nbytes": 4 * CHUNK}), "/etc/passwd")
+    wait_refusals(victim, 1)
+    assert "not a Laminar slot" in victim.stats()["refusals"][-1]["reason"] and untouched(victim)
+    still_carries_real_versions(master, victim, buf, 1)
