@@ -101,13 +101,15 @@ def train(
 
     from laminar import schedules
     from laminar.relay.slots import sweep_stale
-    from laminar.runtime.launch import RUNTIME_STATE, Runtime
+    from laminar.runtime.launch import RUNTIME_STATE, Runtime, finish_checkpoint_swap, rewind_to_checkpoint
     from laminar.telemetry.console import Console
     from laminar.telemetry.recorder import Recorder
     from laminar.trainer.state_files import verify_checkpoint
 
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint"
+    if resume:
+        finish_checkpoint_swap(ckpt)
     if resume and not (ckpt / RUNTIME_STATE).is_file():
         raise FileNotFoundError(
             f"cannot resume {out}: it has no checkpoint/{RUNTIME_STATE} (a run folder of "
@@ -115,6 +117,7 @@ def train(
         )
     if resume:  # every checkpoint file parses (as data, never as code) before any actor starts
         verify_checkpoint(ckpt, RUNTIME_STATE)
+        rewind_to_checkpoint(out, ckpt)  # the logs end where the checkpoint does
     model_path = resolve_model(cfg)
     sweep_stale()  # shared memory left by killed runs on this (the driver's) node
     start_ray(cfg)
@@ -248,10 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"laminar train: bad configuration: {e}", file=sys.stderr)
         return 2
     if args.resume:
-        from laminar.runtime.launch import RUNTIME_STATE
+        from laminar.runtime.launch import RUNTIME_STATE, finish_checkpoint_swap
         from laminar.trainer.state_files import CheckpointError, verify_checkpoint
 
         try:
+            finish_checkpoint_swap(Path(args.resume) / "checkpoint")
             verify_checkpoint(Path(args.resume) / "checkpoint", RUNTIME_STATE)
         except CheckpointError as e:
             print(f"laminar train: cannot resume: {e}", file=sys.stderr)
