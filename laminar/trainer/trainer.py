@@ -118,8 +118,9 @@ class Trainer:
         """One GRPO step on complete groups; returns metrics. Staleness is measured against the version the
         trainer holds when it consumes the data (before this step's update).
 
-        A step whose loss or gradient norm is not finite is skipped: no optimizer update, the weights stay as
-        they were, the version still advances (the batch is consumed) and `nonfinite` is set in the metrics.
+        A step whose loss or gradient norm is not finite is skipped: no optimizer update (with several
+        mini-batches, from the first non-finite one on), the version still advances (the batch is consumed) and
+        `nonfinite` is set in the metrics.
         `max_nonfinite_steps` such steps in a row raise `NonFiniteError`."""
         t0 = time.perf_counter()
         for g in groups:
