@@ -197,3 +197,17 @@ def test_replicas_failing_the_same_way_stop_the_run_in_seconds_with_one_line(
     failures = [r for r in strict_lines(out / "metrics.jsonl") if r["kind"] == "replica_error"]
     assert len(failures) >= 3 and all("Traceback" in r["traceback"] for r in failures)
     assert "RolloutFailure" in (out / "error.log").read_text()
+
+
+def test_an_error_raised_in_an_actor_task_is_shown_as_its_own_one_line_message(ray_cluster):
+    from laminar.telemetry.console import one_line
+    from laminar.trainer.trainer import NonFiniteError
+
+    @ray.remote(num_cpus=0)
+    def step():
+        raise NonFiniteError("3 trainer steps in a row had a non-finite loss\nmore detail")
+
+    with pytest.raises(ray.exceptions.RayTaskError) as raised:
+        ray.get(step.remote(), timeout=60)
+    assert "ray::step()" in str(raised.value).splitlines()[0]  # what a person would otherwise read first
+    assert one_line(raised.value) == "3 trainer steps in a row had a non-finite loss"
