@@ -287,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         "actor_stall_s",
         "relay_propagation_s",
         "trajectories",
+        "reward_errors",
+        "replica_errors",
+        "nonfinite_steps",
     )
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
     print(f"plots and summary in {cfg.run.out}")
