@@ -60,6 +60,17 @@ class Console:
         print(text, file=self.stream or sys.stderr, flush=True)
         return text
 
+    def flush(self) -> list[str]:
+        """At the end of a run: one line per kind of alert still held back, so none goes unmentioned."""
+        lines = [
+            f"laminar: {n} more {kind.replace('_', ' ')}{'s' if n > 1 else ''} not shown (see metrics.jsonl)"
+            for kind, n in sorted(self._held.items())
+        ]
+        self._held.clear()
+        for line in lines:
+            print(line, file=self.stream or sys.stderr, flush=True)
+        return lines
+
 
 def one_line(exc: BaseException) -> str:
     """An error as the one line a person needs: Ray's wrappers unwrapped to the task's own exception, its

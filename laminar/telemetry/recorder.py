@@ -61,3 +61,5 @@ class Recorder:
 
     def close(self) -> None:
         self._file.close()
+        if self.console is not None:
+            self.console.flush()

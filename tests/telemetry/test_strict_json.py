@@ -89,6 +89,10 @@ def test_console_rate_limits_each_kind_and_says_how_many_it_held_back():
     assert "and 2 more like it" in console.show({**error, "row": 6})
     assert "Traceback" not in console.show(failure)
     assert len(out.getvalue().splitlines()) == 6  # four alerts, one with a two-line traceback
+    console.show({**error, "row": 7})
+    console.show({**error, "row": 8})
+    assert console.flush() == ["laminar: 2 more reward errors not shown (see metrics.jsonl)"]
+    assert console.flush() == []
 
 
 def test_one_line_unwraps_to_the_cause_and_keeps_its_first_line():
