@@ -4,6 +4,7 @@ not thousands. The full records are in `metrics.jsonl`."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -72,14 +73,26 @@ class Console:
         return lines
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RAISED = re.compile(
+    r"^(?:[A-Za-z_][\w]*\.)*(?P<type>[A-Za-z_]\w*(?:Error|Exception|Interrupt)): (?P<message>.*)$"
+)
+
+
 def one_line(exc: BaseException) -> str:
     """An error as the one line a person needs: Ray's wrappers unwrapped to the task's own exception, its
-    message's first line; laminar's own errors speak for themselves, others keep their type's name."""
+    message's first line; laminar's own errors speak for themselves, others keep their type's name. A Ray error
+    without the exception itself (an actor that died in its constructor) shows the last line of the remote
+    traceback it quotes: the exception that killed it."""
     seen: set[int] = set()
     while isinstance(getattr(exc, "cause", None), BaseException) and id(exc) not in seen:
         seen.add(id(exc))
         exc = exc.cause  # a RayTaskError carries the exception the task raised
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    lines = [_ANSI.sub("", line) for line in str(exc).strip().splitlines() if line.strip()]
+    if type(exc).__module__.startswith("ray") and any(line.lstrip().startswith('File "') for line in lines):
+        raised = [m for m in map(_RAISED.match, lines) if m]
+        if raised:
+            return f"{raised[-1]['type']}: {raised[-1]['message']}"
     message = lines[0].strip() if lines else ""
     if type(exc).__module__.startswith("laminar") and message:
         return message

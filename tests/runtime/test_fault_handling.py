@@ -211,3 +211,23 @@ def test_an_error_raised_in_an_actor_task_is_shown_as_its_own_one_line_message(r
         ray.get(step.remote(), timeout=60)
     assert "ray::step()" in str(raised.value).splitlines()[0]  # what a person would otherwise read first
     assert one_line(raised.value) == "3 trainer steps in a row had a non-finite loss"
+
+
+def test_an_actor_that_died_in_its_constructor_is_shown_as_the_error_that_killed_it(ray_cluster):
+    from laminar.telemetry.console import one_line
+
+    @ray.remote(num_cpus=0)
+    class Broken:
+        def __init__(self):
+            raise ValueError("/ckpt/model.safetensors: the weights do not load (header too short)")
+
+        def ping(self):
+            return 1
+
+    with pytest.raises(ray.exceptions.RayActorError) as raised:
+        ray.get(Broken.remote().ping.remote(), timeout=60)
+    assert "ValueError" not in str(raised.value).splitlines()[0]  # Ray's own first line says only "died"
+    assert (
+        one_line(raised.value)
+        == "ValueError: /ckpt/model.safetensors: the weights do not load (header too short)"
+    )
