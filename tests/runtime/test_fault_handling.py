@@ -13,6 +13,8 @@ import time
 
 import pytest
 import ray
+import torch
+from safetensors.torch import load_file
 
 from laminar.cli import main
 from laminar.config import load_config
@@ -151,6 +153,15 @@ def test_failing_rewards_and_a_dead_replica_loop_cost_nothing_and_leave_no_share
     assert "Traceback" in failure["traceback"] and summary["replica_errors"] == 1
     assert any(r["kind"] == "replacement" and r["for"] == seen["victim"] for r in records)
     assert summary["trainer_steps"] == 4
+
+    # nothing was lost or trained twice for it (the run's own audit), and the saved weights are finite
+    from laminar.telemetry.audit import audit_run
+
+    audit = audit_run(out)
+    assert audit.ok and summary["trajectories"]["audit_ok"], audit
+    assert summary["trajectories"]["lost"] == 0 and summary["trajectories"]["duplicated"] == 0
+    weights = load_file(out / "checkpoint" / "model.safetensors")
+    assert weights and all(torch.isfinite(w).all() for w in weights.values())
 
     # the trainer's publish slots and the relays' slots are gone with their processes' run
     for pid in seen["pids"]:
