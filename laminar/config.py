@@ -56,6 +56,7 @@ class RolloutConfig:
     heartbeat_s: float = 1.0
     dead_after_s: float = 15.0  # a replica or relay that does not answer for this long is replaced
     max_failures_in_a_row: int = 3  # replica loops raising the same error this often stop the run with it
+    placement: str = "pack"  # pack: Ray's default (fill the driver's machine first); spread: across machines
 
 
 @dataclass
@@ -278,6 +279,7 @@ def validate(cfg: Config) -> None:
     _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1]")
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", r.max_new_tokens, "at least 1")
     _check(r.num_cpus > 0, "rollout.num_cpus", r.num_cpus, "a positive number of CPUs")
+    _check(r.placement in ("pack", "spread"), "rollout.placement", r.placement, "pack or spread")
     _check(
         r.max_failures_in_a_row >= 1, "rollout.max_failures_in_a_row", r.max_failures_in_a_row, "at least 1"
     )

@@ -29,6 +29,14 @@ class RolloutFailure(RuntimeError):
     """Replicas keep failing the same way: replacing them again would only fail again."""
 
 
+class MachineLost(RuntimeError):
+    """A relay could not start on a machine: it is gone, or going."""
+
+
+def alive_nodes() -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
 def repeated_failure(signatures: list[str], in_a_row: int) -> bool:
     """True when the last `in_a_row` replica errors are the same error (`describe_error`'s signature)."""
     return len(signatures) >= in_a_row and len(set(signatures[-in_a_row:])) == 1
@@ -295,9 +303,17 @@ class RolloutManager:
         while not self.stopped and self.fatal is None:
             await asyncio.sleep(self.heartbeat_s)  # the watch period, not a synchronisation
             try:
+                # Relays first: a replacement replica must find its machine's relay in the chain. Every
+                # question is asked at once, so a lost machine costs one timeout, not one per actor on it.
+                relays = list(self.relays)
+                answers = await asyncio.gather(*[self._answers(r.ping.remote()) for r in relays])
+                for relay, alive in zip(relays, answers):
+                    if not alive:
+                        await self._replace_relay(relay)
+                rids = list(self.handles)
+                snapshots = await asyncio.gather(*[self._snapshot_of(self.handles[rid]) for rid in rids])
                 dead = []
-                for rid, handle in list(self.handles.items()):
-                    snapshot = await self._snapshot_of(handle)
+                for rid, snapshot in zip(rids, snapshots):
                     if snapshot is None:
                         dead.append(rid)
                     elif snapshot.get("error"):
@@ -305,11 +321,7 @@ class RolloutManager:
                         dead.append(rid)
                 if self.fatal is not None:
                     return
-                for rid in dead:
-                    await self._replace_replica(rid)
-                for relay in list(self.relays):
-                    if not await self._answers(relay.ping.remote()):
-                        await self._replace_relay(relay)
+                await asyncio.gather(*[self._replace_replica(rid) for rid in dead])
             except Exception as e:  # noqa: BLE001 - the watch must outlive any one failed recovery
                 log.warning("failure watch: %r", e)
                 self.events.append(
@@ -325,8 +337,8 @@ class RolloutManager:
         """A replica's snapshot; None if it does not answer in time ({} if it answered with an error)."""
         try:
             return await asyncio.wait_for(handle.snapshot.remote(), self.dead_after_s)
-        except (ray.exceptions.RayActorError, TimeoutError):
-            return None
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, TimeoutError):
+            return None  # dead, or unreachable (its machine is gone) for as long as we wait
         except ray.exceptions.RayTaskError:
             return {}
 
@@ -356,7 +368,7 @@ class RolloutManager:
         try:
             await asyncio.wait_for(ref, self.dead_after_s)
             return True
-        except (ray.exceptions.RayActorError, TimeoutError):
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, TimeoutError):
             return False
         except ray.exceptions.RayTaskError:
             return True  # it answered, with an error of its own: alive
@@ -371,18 +383,27 @@ class RolloutManager:
         await self._recover(dead)
         from laminar.runtime.actors import ReplicaActor
 
-        new_id = max([*self.handles, dead, *self.node_of_replica]) + 1
-        spec = self.replica_spec
-        new = ReplicaActor.options(**spec["options"]).remote(new_id, *spec["args"], **spec["kwargs"])
-        self.events.append(
-            {"kind": "replacement", "t": time.time() - self.t0, "replica": new_id, "for": dead}
-        )
-        node = await new.node_id.remote()
-        self.node_of_replica[new_id] = node
-        relay = self.relay_of_node.get(node) or await self._new_relay(node)
-        await new.start.remote(relay)
-        self.handles[new_id] = new
-        self.failures["rollouts"] += 1  # counted once handled: recovered and replaced
+        spec, last = self.replica_spec, None
+        for _ in range(5):  # a machine going away may still be offered for a few seconds: try again
+            new_id = max([*self.handles, dead, *self.node_of_replica]) + 1
+            self.node_of_replica[new_id] = ""  # reserved: a replacement made meanwhile takes the next id
+            new = ReplicaActor.options(**spec["options"]).remote(new_id, *spec["args"], **spec["kwargs"])
+            try:
+                node = await asyncio.wait_for(new.node_id.remote(), self.timeout_s)
+                self.node_of_replica[new_id] = node
+                relay = self.relay_of_node.get(node) or await self._new_relay(node)
+                await asyncio.wait_for(new.start.remote(relay), self.timeout_s)
+            except (TimeoutError, ray.exceptions.RayError, MachineLost) as e:
+                ray.kill(new)
+                last = e
+                continue
+            self.events.append(
+                {"kind": "replacement", "t": time.time() - self.t0, "replica": new_id, "for": dead}
+            )
+            self.handles[new_id] = new
+            self.failures["rollouts"] += 1  # counted once handled: recovered and replaced
+            return
+        raise RuntimeError(f"no replacement for replica {dead} could start: {last!r}")
 
     async def _recover(self, dead: int) -> None:
         """Every trajectory the dead replica owed: in flight (from the partial pool, which keeps each group's row)
@@ -484,41 +505,87 @@ class RolloutManager:
 
     async def _new_relay(self, node: str, master: bool = False) -> Any:
         """A relay on `node`, linked into the chain: first if it is the master, else last."""
-        from laminar.relay.chain import build_chain, relay_on_node
+        from laminar.relay.chain import relay_on_node
         from laminar.runtime.launch import import_engine
 
         self.relays_made += 1
         name = f"relay-{'master' if master else node[:6]}-r{self.relays_made}"  # unique within the chain
         relay = relay_on_node(node, name, self.relay_settings)
-        await relay.__ray_call__.remote(import_engine)
+        try:  # a machine that is going away (not yet known dead) never starts it: do not wait on it forever
+            await asyncio.wait_for(relay.__ray_call__.remote(import_engine), self.dead_after_s * 2)
+        except (TimeoutError, ray.exceptions.RayError) as e:
+            ray.kill(relay)
+            raise MachineLost(f"no relay could start on machine {node}: {e!r}") from e
         if master:
             self.relays.insert(0, relay)
         else:
             self.relay_of_node[node] = relay
             self.relays.append(relay)
-        await asyncio.get_running_loop().run_in_executor(
-            None, lambda: build_chain(self.relays, timeout=self.timeout_s)
-        )
+        await self._relink()
         return relay
 
     async def _replace_relay(self, dead: Any) -> None:
-        """Rebuild the chain without it and start a new one on its node: a node relay's replicas re-point to it;
-        a new master is picked up by the trainer after its next step (`Runtime.train`)."""
+        """Relink the chain without it at once, then start a new one on its node if that machine is alive (a
+        node relay's replicas re-point to it; a new master is picked up by the trainer after its next step,
+        `Runtime.train`). A relay whose machine is gone is not replaced there: that machine's replicas are
+        dead too, and their replacements bring up a relay wherever they land."""
+        ray.kill(dead)  # a hung one too
         self.failures["relays"] += 1
-        self.events.append({"kind": "failure", "t": time.time() - self.t0, "what": "relay"})
         was_master = bool(self.relays) and self.relays[0]._actor_id == dead._actor_id
         self.relays = [r for r in self.relays if r._actor_id != dead._actor_id]
-        if was_master:
-            await self._new_relay(self.master_node, master=True)
+        node = self.master_node if was_master else None
+        if not was_master:
+            node = next((n for n, r in self.relay_of_node.items() if r._actor_id == dead._actor_id), None)
+            if node is not None:
+                del self.relay_of_node[node]
+        alive = node is not None and node in await asyncio.get_running_loop().run_in_executor(
+            None, alive_nodes
+        )
+        event = {
+            "kind": "failure",
+            "t": time.time() - self.t0,
+            "what": "relay",
+            "node": node,
+            "replaced": False,
+        }
+        self.events.append(event)
+        if self.relays:
+            await self._relink()
+        if not alive:
             return
-        node = next((n for n, r in self.relay_of_node.items() if r._actor_id == dead._actor_id), None)
-        if node is None:
+        try:
+            relay = await self._new_relay(node, master=was_master)
+        except MachineLost as e:  # the machine went with its relay; its replicas' replacements go elsewhere
+            event["error"] = str(e)
             return
-        del self.relay_of_node[node]
-        relay = await self._new_relay(node)
-        for rid, n in self.node_of_replica.items():
-            if n == node and rid in self.handles:
-                await self.handles[rid].set_relay.remote(relay)
+        event["replaced"] = True
+        if was_master:  # picked up by the trainer after its next step (a lost machine restarts the trainer)
+            return
+        await asyncio.gather(
+            *[
+                self.handles[rid].set_relay.remote(relay)
+                for rid, n in self.node_of_replica.items()
+                if n == node and rid in self.handles
+            ]
+        )
+
+    async def _relink(self) -> None:
+        from laminar.relay.chain import build_chain
+
+        relays = list(self.relays)
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: build_chain(relays, timeout=self.timeout_s)
+        )
+
+    async def move_master(self, node: str) -> list[Any]:
+        """The trainer came back on another machine: a new master relay there heads the chain (the old one,
+        alive or not, is dropped). Returns the new chain."""
+        if self.relays:
+            old = self.relays.pop(0)
+            ray.kill(old)
+        self.master_node = node
+        await self._new_relay(node, master=True)
+        return list(self.relays)
 
     def drain_records(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         timeline, events = self.timeline, self.events

@@ -56,7 +56,11 @@ def live_relays(relays: list[Any], *, timeout: float = 5.0) -> list[Any]:
             continue
         try:
             ray.get(ref, timeout=0)
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
+        except (
+            ray.exceptions.RayActorError,
+            ray.exceptions.ActorUnavailableError,
+            ray.exceptions.RayTaskError,
+        ):
             continue
         alive.append(r)
     return alive

@@ -234,7 +234,10 @@ class RolloutReplica:
                 pulled = pull_latest(
                     self.relay, self.engine.load_weights, self.engine.version, timeout=self.timeout_s
                 )
-        except ray.exceptions.RayActorError:  # our relay died; the manager gives us a new one, we pull later
+        except (
+            ray.exceptions.RayActorError,
+            ray.exceptions.ActorUnavailableError,
+        ):  # our relay died; the manager gives us a new one, we pull later
             return
         if pulled is not None:
             version, seconds = pulled
@@ -285,7 +288,10 @@ class RolloutReplica:
                 return
             try:
                 newest = ray.get(self._newest_ref)
-            except ray.exceptions.RayActorError:  # our relay died; the manager gives us a new one
+            except (
+                ray.exceptions.RayActorError,
+                ray.exceptions.ActorUnavailableError,
+            ):  # our relay died; the manager gives us a new one
                 newest = None
             self._newest_ref = None
             if newest is not None and newest > self.engine.version:

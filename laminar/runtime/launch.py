@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from laminar.config import Config
 from laminar.data.records import Trajectory
@@ -23,6 +24,12 @@ from laminar.relay.relay import RelaySettings
 from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor, ReplicaActor, TrainerActor
 from laminar.telemetry.recorder import Recorder, dumps
 from laminar.trainer.state_files import read_json, write_json
+
+
+def on_driver_node(soft: bool = False) -> dict[str, Any]:
+    """Actor options that place it on the driver's machine (soft: there if it fits, elsewhere if not)."""
+    node = ray.get_runtime_context().get_node_id()
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=soft)}
 
 
 def use_cuda(cfg: Config) -> bool:
@@ -191,12 +198,18 @@ class Runtime:
         rt, cfg, model_path, recorder = self, self.cfg, self.model_path, self.recorder
         t, r, cuda = cfg.trainer, cfg.rollout, use_cuda(cfg)
         codec = TaskCodec.from_dir(model_path)
-        rt.prompt_pool = PromptPoolActor.remote(
+        # The control plane lives on the driver's machine: losing any other machine never takes it down.
+        here = on_driver_node()
+        rt.prompt_pool = PromptPoolActor.options(**here).remote(
             dataset_rows(cfg), codec.encode_prompt, t.group_size, seed=cfg.run.seed
         )
-        rt.partial_pool = PartialPoolActor.remote()
-        rt.manager = ray.remote(num_cpus=0)(RolloutManager).remote(rt.prompt_pool, dispatch, recorder.t0)
-        rt.buffer = BufferActor.remote(
+        rt.partial_pool = PartialPoolActor.options(**here).remote()
+        rt.manager = (
+            ray.remote(num_cpus=0)(RolloutManager)
+            .options(**here)
+            .remote(rt.prompt_pool, dispatch, recorder.t0)
+        )
+        rt.buffer = BufferActor.options(**here).remote(
             t.group_size,
             4 * cfg.buffer.capacity_groups * t.group_size,  # a hard bound well above the dispatch bound
             None if cfg.buffer.max_staleness < 0 else cfg.buffer.max_staleness,
@@ -225,7 +238,9 @@ class Runtime:
             publish_dtype="bfloat16" if cuda or cfg.model.dtype == "bfloat16" else "",
             max_nonfinite_steps=t.max_nonfinite_steps,
         )
-        rt.trainer_spec = ({"num_cpus": t.num_cpus, "num_gpus": t.num_gpus if cuda else 0}, plain)
+        # The trainer (and so the master relay and the checkpoint writes) prefers the driver's machine too.
+        resources = {"num_cpus": t.num_cpus, "num_gpus": t.num_gpus if cuda else 0}
+        rt.trainer_spec = ({**resources, **on_driver_node(soft=True)}, plain)
         rt.trainer = TrainerActor.options(**rt.trainer_spec[0]).remote(plain, cfg.relay.slots)
         trainer_node = ray.get(rt.trainer.node_id.remote(), timeout=cfg.run.timeout_s)
         # One secret per run, handed to every relay through Ray: only this run's relays may feed the tier.
@@ -298,7 +313,11 @@ class Runtime:
         """How to make a replica; the manager uses it again to replace a dead one."""
         cfg, r = self.cfg, self.cfg.rollout
         return {
-            "options": {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus if use_cuda(cfg) else 0},
+            "options": {
+                "num_cpus": r.num_cpus,
+                "num_gpus": r.num_gpus if use_cuda(cfg) else 0,
+                **({"scheduling_strategy": "SPREAD"} if r.placement == "spread" else {}),
+            },
             "args": (
                 _EngineFactory(self.engine_path or self.model_path, cfg, self.version),
                 _ScorerFactory(self.model_path, cfg.task.reward, cfg.task.name, cfg.task.reward_timeout_s),
@@ -342,7 +361,7 @@ class Runtime:
         global push: the step ends only when every relay holds the new version (the baselines' broadcast)."""
         try:
             m = ray.get(self.trainer.step.remote(groups), timeout=self.cfg.run.timeout_s * 5)
-        except ray.exceptions.RayActorError:
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
             self._restart_trainer()
             m = ray.get(self.trainer.step.remote(groups), timeout=self.cfg.run.timeout_s * 5)
         self.since_checkpoint.append(groups)
@@ -359,7 +378,10 @@ class Runtime:
                     [r.wait_version.remote(self.version, self.cfg.run.timeout_s) for r in self.relays[1:]],
                     timeout=self.cfg.run.timeout_s,
                 )
-            except ray.exceptions.RayActorError:  # a relay died: the manager rebuilt the chain
+            except (
+                ray.exceptions.RayActorError,
+                ray.exceptions.ActorUnavailableError,
+            ):  # a relay died: the manager rebuilt the chain
                 self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
             m["stall_s"] += time.time() - t
         self.trained_ids.update(m.pop("traj_ids"))
@@ -406,7 +428,7 @@ class Runtime:
         for relay in self.relays:
             try:
                 stats.append(ray.get(relay.stats.remote(), timeout=self.cfg.run.timeout_s))
-            except ray.exceptions.RayActorError:
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 continue  # died after the manager's last look; the others still tell the story
         out = {}
         for v, t_pub in self.publish_times.items():
@@ -419,7 +441,11 @@ class Runtime:
         report = ray.get(self.manager.stop.remote(), timeout=self.cfg.run.timeout_s)
         self.replicas = ray.get(self.manager.live_replicas.remote(), timeout=self.cfg.run.timeout_s)
         self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
-        ray.get([a.stop.remote() for a in self.replicas.values()], timeout=self.cfg.run.timeout_s)
+        for rid, ref in [(rid, a.stop.remote()) for rid, a in self.replicas.items()]:
+            try:
+                ray.get(ref, timeout=self.cfg.run.timeout_s)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                self.recorder.log("stop_error", error=f"replica {rid} died before it could stop")
         self.collect()
         t = self.cfg.run.timeout_s
         buf = ray.get(self.buffer.stats.remote(), timeout=t)
@@ -456,11 +482,13 @@ class Runtime:
         self.trainer = TrainerActor.options(**options).remote(plain, self.cfg.relay.slots)
         node = ray.get(self.trainer.node_id.remote(), timeout=t)
         master = self.relays[0]
-        if ray.get(master.__ray_call__.remote(_node_of), timeout=t) != node:
-            raise RuntimeError(
-                "the restarted trainer landed on another node than its master relay; pin the "
-                "trainer with resources that only one node has"
-            )
+        try:
+            same_node = ray.get(master.__ray_call__.remote(_node_of), timeout=t) == node
+        except ray.exceptions.RayError:
+            same_node = False  # the master died with the trainer's machine
+        if not same_node:  # the publisher maps the master's slots: a new master beside the new trainer
+            self.relays = ray.get(self.manager.move_master.remote(node), timeout=t * 2)
+            master = self.relays[0]
         ray.get(self.trainer.attach_master.remote(master), timeout=t)
         if self.last_checkpoint is not None:
             ray.get(self.trainer.load_checkpoint.remote(str(self.last_checkpoint)), timeout=t * 5)
@@ -481,7 +509,7 @@ class Runtime:
         t = self.cfg.run.timeout_s
         ray.get(self.trainer.__ray_call__.remote(_check_finite), timeout=t)  # never save NaN weights
         ray.get(self.trainer.save_checkpoint.remote(str(tmp)), timeout=t * 5)
-        saved = read_json(tmp / "trainer_state.json", "trainer step")["version"]
+        saved = ray.get(self.trainer.version.remote(), timeout=t)
         if saved != self.version:  # interrupted between the trainer's step and our record of it
             shutil.rmtree(tmp, ignore_errors=True)
             raise RuntimeError(

@@ -65,8 +65,9 @@ def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster,
     )
     out = tmp_path / "run"
     summary = train(cfg, out, quiet=True)
-    moved = {tid for r in records_of(out) if r["kind"] == "repack" for tid in r["ids"]}
-    assert summary["repacks"]["moved"] == len(moved) > 0, summary["repacks"]
+    moves = [tid for r in records_of(out) if r["kind"] == "repack" for tid in r["ids"]]
+    assert summary["repacks"]["moved"] == len(moves) > 0, summary["repacks"]  # one may move more than once
+    moved = set(moves)
     assert audit_run(out).ok
     trained = {}
     for r in records_of(out):

@@ -15,7 +15,7 @@ from laminar.trainer.hf_rollout import generate_groups
 from laminar.trainer.trainer import Trainer, TrainerConfig
 
 # The demo defaults (reported to the runtime): lr, group size, groups per step, temperature, max new tokens.
-LR, N, GROUPS, TEMPERATURE, STEPS = 3e-4, 8, 16, 1.0, 40
+LR, N, GROUPS, TEMPERATURE, STEPS = 3e-4, 8, 16, 1.0, 60
 
 
 @pytest.mark.slow
