@@ -63,7 +63,11 @@ def test_one_step_trains_on_the_previous_version(ray_cluster, tiny_model_dir, tm
 
 @pytest.mark.parametrize("schedule", ["stream", "partial"])
 def test_bounded_schedules_never_exceed_k(ray_cluster, tiny_model_dir, tmp_path, schedule):
-    summary, steps = run(schedule, tiny_model_dir, tmp_path)
+    # Responses long enough that a batch is still decoding when the next version lands (with median 8 they
+    # sometimes all finished first, and partial had nothing to interrupt).
+    summary, steps = run(
+        schedule, tiny_model_dir, tmp_path, "task.length_median=32", "rollout.max_new_tokens=96"
+    )
     assert max(s for r in steps for s in r["staleness"]) <= K
     if schedule == "partial":
         mixed = [tid for r in steps for tid, vs in r["traj_versions"].items() if len(vs) > 1]
