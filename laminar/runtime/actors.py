@@ -40,6 +40,10 @@ class BufferActor:
         )
         self.prompt_pool, self.manager = prompt_pool, manager
         self.cond = threading.Condition()
+        # Groups handed to the driver and not yet trained: a driver interrupted between `take` and the end of
+        # its step (Ctrl-C) must not lose them, so they stay here until `trained` and go back on `return_lent`.
+        self.lent: dict[int, list[Trajectory]] = {}
+        self.lending = True
 
     def add(self, traj: Trajectory) -> bool:
         with self.cond:
@@ -66,6 +70,8 @@ class BufferActor:
             sampler = partial(_exactly, set(group_ids))
         with self.cond:
             while (groups := self._sample(sampler, count, version)) is None:
+                if not self.lending:
+                    return []
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(
@@ -74,7 +80,28 @@ class BufferActor:
                         "alive? see their errors in metrics.jsonl"
                     )
                 self.cond.wait(left)
+            if not self.lending:  # stopped while we waited: they stay in the buffer
+                self.buffer.ready[:0] = groups
+                return []
+            for g in groups:
+                self.lent[g[0].group_id] = g
             return groups
+
+    def trained(self, group_ids: list[int]) -> None:
+        """The driver trained on these: they are no longer the buffer's to give back."""
+        with self.cond:
+            for gid in group_ids:
+                self.lent.pop(gid, None)
+
+    def return_lent(self) -> int:
+        """Stop lending and put every group handed out but not trained back at the front, in order."""
+        with self.cond:
+            self.lending = False
+            back = list(self.lent.values())
+            self.buffer.ready[:0] = back
+            self.lent.clear()
+            self.cond.notify_all()
+            return len(back)
 
     def _sample(self, sampler, count: int, version: int) -> list[list[Trajectory]] | None:
         ready = sampler(self.buffer.ready, count, version)

@@ -366,6 +366,7 @@ class Runtime:
             m = ray.get(self.trainer.step.remote(groups), timeout=self.cfg.run.timeout_s * 5)
         self.since_checkpoint.append(groups)
         self.version = m["version"]
+        self.buffer.trained.remote([g[0].group_id for g in groups])
         chain = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
         if chain and chain[0]._actor_id != self.relays[0]._actor_id:  # the master relay was replaced
             ray.get(self.trainer.attach_master.remote(chain[0]), timeout=self.cfg.run.timeout_s)
@@ -438,6 +439,11 @@ class Runtime:
         return out
 
     def stop(self) -> dict[str, Any]:
+        # A batch taken for a step that never finished (Ctrl-C) goes back to the buffer before anything is
+        # recorded or checkpointed.
+        returned = ray.get(self.buffer.return_lent.remote(), timeout=self.cfg.run.timeout_s)
+        if returned:
+            self.recorder.log("returned_to_buffer", groups=returned)
         report = ray.get(self.manager.stop.remote(), timeout=self.cfg.run.timeout_s)
         self.replicas = ray.get(self.manager.live_replicas.remote(), timeout=self.cfg.run.timeout_s)
         self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)

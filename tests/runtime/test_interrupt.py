@@ -1,0 +1,70 @@
+"""Ctrl-C, then `--resume`: the interrupted run writes a consistent checkpoint and exits 130; the resumed run
+trains every prompt once, with the logs rewound to the checkpoint (`laminar audit` clean over both segments)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from laminar.config import load_config
+from laminar.telemetry.audit import audit_run
+from laminar.train import train
+from tests.runtime.test_failures_and_repack import BASE, records_of
+
+pytestmark = pytest.mark.slow
+
+
+def test_ctrl_c_then_resume_trains_every_prompt_once(ray_cluster, tiny_model_dir, tmp_path):
+    args = [
+        f"model.path={tiny_model_dir}",
+        "rollout.max_new_tokens=16",
+        "trainer.groups_per_step=2",
+        "rollout.groups_per_batch=1",
+        "buffer.capacity_groups=6",
+        "trainer.checkpoint_every=2",
+        *BASE,
+    ]
+    cmd = [sys.executable, "-m", "laminar.cli", "train", *args, "trainer.steps=40"]
+    cmd += [f"run.ray_address={ray_cluster.address}", "--out", str(tmp_path)]
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            steps = (
+                [r for r in records_of(tmp_path) if r["kind"] == "step"]
+                if (tmp_path / "metrics.jsonl").exists()
+                else []
+            )
+            if len(steps) >= 3 and (tmp_path / "checkpoint" / "runtime_state.json").exists():
+                break
+            assert proc.poll() is None, "the first run ended early"
+            time.sleep(0.2)
+        else:
+            pytest.fail("the first run made no checkpoint in time")
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        rc = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert rc == 130, proc.stderr.read().decode()[-2000:]
+    state = json.loads((tmp_path / "checkpoint" / "runtime_state.json").read_text())
+    saved = json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())
+    assert saved["version"] == state["version"], "trainer and run state of one checkpoint disagree"
+    at = state["version"]
+    cfg = load_config(tmp_path / "config.yaml", [f"trainer.steps={at + 4}", "run.ray_address="])
+    summary = train(cfg, tmp_path, quiet=True, resume=True)
+    steps = [r["version"] for r in records_of(tmp_path) if r["kind"] == "step"]
+    assert steps == list(range(1, at + 5)), steps  # the logs were rewound: no step twice, none missing
+    audit = audit_run(tmp_path)
+    assert audit.ok and audit.segments == 2 and not audit.duplicated and not audit.lost, audit
+    t = summary["trajectories"]
+    assert t["trained"] == (at + 4) * 2 * 4 and t["lost"] == 0 and t["duplicated"] == 0, t
