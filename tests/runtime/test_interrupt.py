@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import ray
 
 from laminar.config import load_config
 from laminar.telemetry.audit import audit_run
@@ -68,3 +69,44 @@ def test_ctrl_c_then_resume_trains_every_prompt_once(ray_cluster, tiny_model_dir
     assert audit.ok and audit.segments == 2 and not audit.duplicated and not audit.lost, audit
     t = summary["trajectories"]
     assert t["trained"] == (at + 4) * 2 * 4 and t["lost"] == 0 and t["duplicated"] == 0, t
+
+
+def _pid(actor) -> int:
+    return ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=30)
+
+
+@pytest.mark.parametrize("victim", ["buffer", "manager"])
+def test_a_killed_control_actor_stops_the_run_and_resume_finishes_it(
+    ray_cluster, tiny_model_dir, tmp_path, victim
+):
+    """The control plane lives on the driver's machine; if one of its processes is killed anyway, the run stops
+    with one error, keeps its last consistent checkpoint, and `--resume` trains every prompt once."""
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            "rollout.max_new_tokens=16",
+            "trainer.groups_per_step=2",
+            "rollout.groups_per_batch=1",
+            "buffer.capacity_groups=6",
+            "trainer.checkpoint_every=2",
+            "trainer.steps=40",
+            *BASE,
+        ],
+    )
+
+    def kill(rt, m) -> None:
+        if m["version"] == 5:
+            os.kill(_pid(getattr(rt, victim)), signal.SIGKILL)
+
+    with pytest.raises(Exception):  # noqa: B017 - whichever call meets the dead actor first
+        train(cfg, tmp_path, quiet=True, hook=kill)
+    at = json.loads((tmp_path / "checkpoint" / "runtime_state.json").read_text())["version"]
+    assert at == 4
+    again = load_config(tmp_path / "config.yaml", [f"trainer.steps={at + 4}"])
+    summary = train(again, tmp_path, quiet=True, resume=True)
+    steps = [r["version"] for r in records_of(tmp_path) if r["kind"] == "step"]
+    assert steps == list(range(1, at + 5)), steps
+    audit = audit_run(tmp_path)
+    assert audit.ok and audit.segments == 2 and not audit.duplicated and not audit.lost, audit
+    assert summary["trajectories"]["trained"] == (at + 4) * 2 * 4
