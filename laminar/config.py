@@ -11,8 +11,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from laminar.data.experience_buffer import SAMPLERS
-
-SCHEDULES = ("sync", "one_step", "stream", "partial", "laminar")
+from laminar.schedules.schedule import NAMES as SCHEDULE_NAMES
 
 
 class ConfigError(ValueError):
@@ -307,7 +306,9 @@ def validate(cfg: Config) -> None:
         cfg.buffer.capacity_groups,
         f"at least trainer.groups_per_step ({t.groups_per_step})",
     )
-    _check(cfg.schedule.name in SCHEDULES, "schedule.name", cfg.schedule.name, " | ".join(SCHEDULES))
+    _check(
+        cfg.schedule.name in SCHEDULE_NAMES, "schedule.name", cfg.schedule.name, " | ".join(SCHEDULE_NAMES)
+    )
     _check(
         cfg.schedule.staleness >= 0, "schedule.staleness", cfg.schedule.staleness, "a non-negative integer"
     )

@@ -99,9 +99,9 @@ def train(
 ) -> dict[str, Any]:
     """One run. `hook(runtime, step_metrics)` runs after every step (tests use it to inject failures)."""
 
-    from laminar import schedules
     from laminar.relay.slots import sweep_stale
     from laminar.runtime.launch import RUNTIME_STATE, Runtime, finish_checkpoint_swap, rewind_to_checkpoint
+    from laminar.schedules import Schedule
     from laminar.telemetry.console import Console
     from laminar.telemetry.recorder import Recorder
     from laminar.trainer.state_files import verify_checkpoint
@@ -121,11 +121,11 @@ def train(
     model_path = resolve_model(cfg)
     sweep_stale()  # shared memory left by killed runs on this (the driver's) node
     start_ray(cfg)
-    schedule = schedules.get(cfg.schedule.name)
+    schedule = Schedule.from_config(cfg)
     recorder = Recorder(out, console=None if quiet else Console())
     rt = None
     try:
-        rt = Runtime.start(cfg, model_path, recorder, schedule.dispatch(cfg), resume=ckpt if resume else None)
+        rt = Runtime.start(cfg, model_path, recorder, schedule, resume=ckpt if resume else None)
         return _run(cfg, out, rt, schedule, recorder, resume, quiet, hook, model_path)
     finally:
         recorder.close()

@@ -1,8 +1,8 @@
 """The rollout manager: hands prompt groups to replicas when they ask, keeps their states, and records the
 timeline (KV use, version) that the plots and the repack planner read.
 
-What a schedule changes is only *when* a replica may have work: `Dispatch` is that decision, one small rule per
-schedule in `laminar.manager.dispatch`. The manager itself is schedule-agnostic.
+What a schedule changes here is only *when* a replica may have work: `Dispatch` is that decision
+(`laminar.manager.dispatch`), the schedule's rule (`laminar.schedules.Schedule`). The manager is schedule-agnostic.
 """
 
 from __future__ import annotations

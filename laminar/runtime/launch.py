@@ -18,10 +18,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from laminar.config import Config
 from laminar.data.records import Trajectory
-from laminar.manager.manager import Dispatch, RolloutFailure, RolloutManager
+from laminar.manager.manager import RolloutFailure, RolloutManager
 from laminar.relay.chain import build_chain, relay_on_node
 from laminar.relay.relay import RelaySettings
 from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor, ReplicaActor, TrainerActor
+from laminar.schedules.schedule import Schedule
 from laminar.telemetry.recorder import Recorder, dumps
 from laminar.trainer.state_files import read_json, write_json
 
@@ -179,18 +180,18 @@ class Runtime:
     # ---- start ---------------------------------------------------------------------------------------------
     @classmethod
     def start(
-        cls, cfg: Config, model_path: str, recorder: Recorder, dispatch: Dispatch, resume: Path | None = None
+        cls, cfg: Config, model_path: str, recorder: Recorder, schedule: Schedule, resume: Path | None = None
     ) -> Runtime:
         """Start every part; with `resume`, restore a checkpoint before any replica asks for work. If a part
         fails to start, the parts already started are stopped (their shared memory freed) and the error goes on."""
         rt = cls(cfg, model_path, recorder)
         try:
-            return rt._start(dispatch, resume)
+            return rt._start(schedule, resume)
         except BaseException:
             rt.shutdown()
             raise
 
-    def _start(self, dispatch: Dispatch, resume: Path | None) -> Runtime:
+    def _start(self, schedule: Schedule, resume: Path | None) -> Runtime:
         from laminar.data.tasks import TaskCodec
         from laminar.trainer.grpo import GRPOConfig
         from laminar.trainer.trainer import TrainerConfig as PlainTrainerConfig
@@ -207,7 +208,7 @@ class Runtime:
         rt.manager = (
             ray.remote(num_cpus=0)(RolloutManager)
             .options(**here)
-            .remote(rt.prompt_pool, dispatch, recorder.t0)
+            .remote(rt.prompt_pool, schedule.dispatch, recorder.t0)
         )
         rt.buffer = BufferActor.options(**here).remote(
             t.group_size,
@@ -265,7 +266,7 @@ class Runtime:
             "top_k": r.top_k,
             "max_new_tokens": r.max_new_tokens,
         }
-        spec = rt.replica_spec(sampling)
+        spec = rt.replica_spec(sampling, interrupt_on_update=schedule.interrupt)
         for i in range(r.replicas):
             rt.replicas[i] = rt._new_replica(i, spec)
         nodes = ray.get([a.node_id.remote() for a in rt.replicas.values()], timeout=cfg.run.timeout_s)
@@ -278,7 +279,7 @@ class Runtime:
         for actor, node in zip(rt.replicas.values(), nodes):
             ray.get(actor.start.remote(rt.relay_of_node[node]), timeout=cfg.run.timeout_s)
         repack = None
-        if cfg.repack.enabled and cfg.schedule.name == "laminar":
+        if schedule.repack:
             repack = {
                 "interval_s": cfg.repack.interval_s,
                 "batch_limit_b": cfg.repack.batch_limit_b,
@@ -309,7 +310,7 @@ class Runtime:
         ray.get(rt.manager.start_background.remote(), timeout=cfg.run.timeout_s)
         return rt
 
-    def replica_spec(self, sampling: dict[str, Any]) -> dict[str, Any]:
+    def replica_spec(self, sampling: dict[str, Any], interrupt_on_update: bool) -> dict[str, Any]:
         """How to make a replica; the manager uses it again to replace a dead one."""
         cfg, r = self.cfg, self.cfg.rollout
         return {
@@ -331,7 +332,7 @@ class Runtime:
                 "progress_every": r.progress_every,
                 "heartbeat_s": r.heartbeat_s,
                 "timeout_s": cfg.run.timeout_s,
-                "interrupt_on_update": cfg.schedule.name == "partial",
+                "interrupt_on_update": interrupt_on_update,
             },
         }
 

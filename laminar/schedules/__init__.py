@@ -1,8 +1,5 @@
-"""One module per schedule; each exposes `dispatch(cfg)` (when replicas get work) and `run(rt, steps, on_step)`."""
+"""Schedules: one value (`schedule.py`) built from the config and run by one loop; `bench.py` compares them."""
 
-import importlib
-from types import ModuleType
+from laminar.schedules.schedule import NAMES, Schedule
 
-
-def get(name: str) -> ModuleType:
-    return importlib.import_module(f"laminar.schedules.{name}")
+__all__ = ["NAMES", "Schedule"]

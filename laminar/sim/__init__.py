@@ -2,7 +2,7 @@
 
 cost.py (all constants, roofline times) -> lengths.py (workload) -> replica.py (continuous batching at
 trajectory granularity) -> cluster.py (clock, trainer, buffer, weight paths) -> schedules.py (the runtime's
-loop with the runtime's dispatch rules, `laminar.manager.dispatch`, for sync, one_step, stream, partial, laminar
-and its ablations, plus the colocated verl; Laminar repacks with `laminar.manager.repack.plan_repack`) ->
+schedule value, `laminar.schedules.Schedule`, for sync, one_step, stream, partial, laminar and its ablations, run
+by the runtime's loop, plus the colocated verl; repack with `laminar.manager.repack.plan_repack`) ->
 metrics.py / plots.py -> experiment.py (paper grid, planner, benchmark) -> cli.py (`laminar simulate`).
 """

@@ -2,7 +2,7 @@
 
 Parts, as in the runtime: rollout replicas, the prompt pool (a group counter plus the length sampler), the
 experience buffer (complete groups in the order they completed), the trainer, and the weight paths (a global GPU
-broadcast for the baselines, publish + relay chain + pull for Laminar). A schedule (`laminar.sim.schedules`)
+broadcast for the baselines, publish + relay chain + pull for Laminar). A schedule's loop (`laminar.sim.schedules`)
 decides who gets prompts and when weights move; the cluster does the bookkeeping and the accounting.
 """
 
@@ -20,7 +20,9 @@ from laminar.sim.lengths import LengthSampler
 from laminar.sim.replica import Busy, Group, Replica, Traj
 
 
-class Schedule(Protocol):
+class Loop(Protocol):
+    """What runs a schedule on the cluster: hooks the cluster calls (`laminar.sim.schedules`)."""
+
     in_order: bool  # the trainer takes batch v = groups v*g .. (v+1)*g - 1 (else the first groups completed)
 
     def start(self) -> None: ...
@@ -92,7 +94,7 @@ class Cluster:
         self.machines = self.replicas[-1].machine + 1
         self.trainer_gpus = cfg.gpus if cfg.schedule == "verl" else cfg.trainer_gpus
         self.rollout_gpus = len(self.replicas) * spec.rollout_tp
-        self.schedule: Schedule | None = None
+        self.loop: Loop | None = None
         # prompt pool and experience buffer
         self.next_gid = 0
         self._next_tid = 0
@@ -116,11 +118,11 @@ class Cluster:
     def at(self, t: float, fn: Callable[[Any, float], None], arg: Any = None) -> None:
         heapq.heappush(self._events, (t, next(self._seq), fn, arg))
 
-    def run(self, schedule: Schedule) -> Record:
-        self.schedule = schedule
+    def run(self, loop: Loop) -> Record:
+        self.loop = loop
         for failure in self.cfg.failures:
-            self.at(failure.time_s, lambda m, now: schedule.on_failure(m), failure.machine)
-        schedule.start()
+            self.at(failure.time_s, lambda m, now: loop.on_failure(m), failure.machine)
+        loop.start()
         events, steps, limit = self._events, self.cfg.steps, self.cfg.max_sim_time_s
         same = 0
         while events and self.version < steps:
@@ -175,16 +177,16 @@ class Cluster:
             self.finish_count[traj.tid] += 1
         group = traj.group
         group.pending -= 1
-        assert self.schedule is not None
-        self.schedule.on_traj_done(traj, replica)
+        assert self.loop is not None
+        self.loop.on_traj_done(traj, replica)
         if group.pending == 0:
             group.t_done = self.now
             self.complete[group.gid] = group
-            self.schedule.on_group_done(group)
+            self.loop.on_group_done(group)
 
     def _on_drained(self, replica: Replica) -> None:
-        assert self.schedule is not None
-        self.schedule.on_drained(replica)
+        assert self.loop is not None
+        self.loop.on_drained(replica)
 
     # ---- trainer -----------------------------------------------------------------------------------------
 
@@ -196,8 +198,8 @@ class Cluster:
         """A global batch if the buffer holds one: batch v in dispatch order (the baselines' `rt.take` with
         group ids), or what the experience buffer's sampler picks (Laminar: first completed first by default)."""
         g = self.cfg.groups_per_step
-        assert self.schedule is not None
-        if self.schedule.in_order:
+        assert self.loop is not None
+        if self.loop.in_order:
             ids = range(self.version * g, (self.version + 1) * g)
         elif self.cfg.sampler == "oldest":  # `buffer.sampler: oldest`: by version, then completion order
             order = sorted(self.complete.values(), key=lambda grp: grp.version)  # stable: completion order
@@ -243,8 +245,8 @@ class Cluster:
         self.record.step_response_tokens.append(arg[1])
         if self.version == self.cfg.warmup_steps:
             self._snapshot()
-        assert self.schedule is not None
-        self.schedule.on_trained(self.version)
+        assert self.loop is not None
+        self.loop.on_trained(self.version)
 
     def trainer_stall(self, seconds: float, kind: str = "weights") -> None:
         """The trainer cannot train for `seconds` from now (or from the end of its current step)."""

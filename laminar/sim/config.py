@@ -8,19 +8,18 @@ from typing import Any
 
 import yaml
 
+from laminar.schedules.schedule import NAMES
 from laminar.sim.cost import MODELS, CostModel
 from laminar.sim.lengths import LengthConfig
 
-SCHEDULES = (
-    "sync",
-    "verl",
-    "one_step",
-    "stream",
-    "partial",
-    "laminar",
-    "laminar_no_repack",
-    "laminar_global_push",
-)
+# Laminar's ablations: `laminar` with these runtime overrides (`laminar bench schedules`' laminar-norepack and
+# laminar-globalpush)
+ABLATIONS = {
+    "laminar_no_repack": ("repack.enabled=false",),
+    "laminar_global_push": ("schedule.global_push=true",),
+}
+# The runtime's schedules, the colocated `verl` (the simulator's own) and Laminar's ablations
+SCHEDULES = (*NAMES, "verl", *ABLATIONS)
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from laminar.sim.config import SimConfig
+from laminar.sim.config import ABLATIONS, SimConfig
 from laminar.sim.plots import plot_runs, plot_speedups
 from laminar.sim.run import simulate
 
 BASELINES = ("verl", "sync", "one_step", "stream", "partial")
-ABLATIONS = ("laminar_no_repack", "laminar_global_push")
 SPLITS = (0.25, 0.375, 0.5)
 # The paper's math results (Laminar over each baseline, 1024 H800 GPUs unless a range is given)
 PAPER = {

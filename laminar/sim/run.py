@@ -8,11 +8,11 @@ from typing import Any
 from laminar.sim.cluster import Cluster
 from laminar.sim.config import SimConfig
 from laminar.sim.metrics import summarise
-from laminar.sim.schedules import make_schedule
+from laminar.sim.schedules import loop_for
 
 
 def simulate(cfg: SimConfig, *, audit: bool = False) -> tuple[dict[str, Any], Cluster]:
     started = time.perf_counter()
     cluster = Cluster(cfg, audit=audit)
-    cluster.run(make_schedule(cluster))
+    cluster.run(loop_for(cluster))
     return summarise(cluster, wall_s=time.perf_counter() - started), cluster

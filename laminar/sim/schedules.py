@@ -1,34 +1,31 @@
-"""The schedules of design section 8 on the simulated cluster, as the runtime runs them.
+"""The schedules on the simulated cluster, as the runtime runs them.
 
-Every schedule but `verl` is the runtime's own loop (`laminar.rollout.replica`): a replica whose batch has
-drained pulls the newest version its relay holds, then asks the manager for prompt groups, and the manager
-answers with the schedule's dispatch rule, the very object the runtime uses (`laminar.manager.dispatch`). What
-differs between schedules is only that rule, whether the trainer takes its batches in dispatch order, how a
-new version travels, and whether it interrupts generation:
+Every schedule but `verl` is the runtime's own value and loop: `schedule_of` writes the runtime `Config` the
+simulated run stands for and builds its `Schedule` with `Schedule.from_config`, the very function `laminar train`
+calls; `RuntimeLoop` runs it as the runtime does (`laminar.rollout.replica` and `Schedule.run`): a replica whose
+batch has drained pulls the newest version its relay holds, then asks for prompt groups, and the answer is the
+schedule's dispatch rule (`laminar.manager.dispatch`). What differs between schedules is only that value: the rule,
+whether the trainer takes its batches in dispatch order, whether a new version is a global push, whether it
+interrupts generation, and whether long tails are repacked. Laminar's ablations are the runtime's overrides of
+`laminar` (`ABLATIONS`); `verl` (sync with trainer and rollouts colocated on every GPU, switching costs instead
+of a broadcast) is the simulator's own.
 
-sync      SyncDispatch(ahead=0): batch v is generated with version v; the trainer takes batch v whole
-one_step  SyncDispatch(ahead=1): batch v+1 is generated with version v while batch v trains
-stream    BoundedDispatch(k): only the newest version gets work, at most k + 1 batches ahead; a replica adopts
-          a new version when its current batch ends (StreamRL-style global update)
-partial   stream, and every new version interrupts the replicas, which resume on it after a re-prefill
-laminar   Dispatch: flow control only; the trainer takes the first groups to complete; weights go through the
-          relay chain; dynamic repack (ablations: no repack; a global push instead of relays)
-verl      sync with trainer and rollouts colocated on every GPU (switching costs instead of a broadcast)
-
-The baselines' weight update is a global push: the trainer stalls until every rollout machine holds the new
-version (`CostModel.global_broadcast_s`; our runtime's baselines wait for every relay, and the paper's baseline
-systems broadcast GPU to GPU) and the rollouts load it between batches. Laminar's trainer stalls only for the
-publish (`publish_s`); the version reaches each machine's relay along the chain (`relay_arrival_s`) and each
-rollout pays a pull (`pull_s`) when it adopts it.
+A global push (the baselines): the trainer stalls until every rollout machine holds the new version
+(`CostModel.global_broadcast_s`; our runtime's baselines wait for every relay, and the paper's baseline systems
+broadcast GPU to GPU) and the rollouts load it between batches. Laminar's trainer stalls only for the publish
+(`publish_s`); the version reaches each machine's relay along the chain (`relay_arrival_s`) and each rollout pays
+a pull (`pull_s`) when it adopts it.
 """
 
 from __future__ import annotations
 
 import math
 
-from laminar.manager.dispatch import BoundedDispatch, Dispatch, SyncDispatch
+from laminar.config import load_config
 from laminar.manager.repack import ReplicaLoad, plan_repack
+from laminar.schedules.schedule import Schedule
 from laminar.sim.cluster import Cluster
+from laminar.sim.config import ABLATIONS
 from laminar.sim.replica import Group, Replica, Traj
 
 
@@ -39,6 +36,29 @@ def replica_groups(cluster: Cluster, ahead_batches: float) -> int:
     fill = max(1, int(cfg.replica_fill * cluster.cost.max_num_seqs / cfg.group_size))
     share = math.ceil(ahead_batches * cfg.groups_per_step / max(1, len(cluster.live())))
     return max(1, min(fill, share))
+
+
+def schedule_of(cluster: Cluster) -> Schedule:
+    """The runtime's schedule for the simulated run: the config the run stands for, built as `laminar train`
+    builds it. A replica's share of what may be outstanding: `max_ahead_batches` global batches
+    (`buffer.capacity_groups`), and for stream / partial the k + 1 batches their bound allows."""
+    cfg, g = cluster.cfg, cluster.cfg.groups_per_step
+    ablation = ABLATIONS.get(cfg.schedule, ())
+    name = "laminar" if ablation else cfg.schedule
+    ahead_batches = cfg.staleness_k + 1 if name in ("stream", "partial") else cfg.max_ahead_batches
+    run = load_config(
+        None,
+        [
+            f"schedule.name={name}",
+            f"schedule.staleness={cfg.staleness_k}",
+            f"trainer.groups_per_step={g}",
+            f"rollout.replicas={max(1, len(cluster.live()))}",
+            f"rollout.groups_per_batch={replica_groups(cluster, ahead_batches)}",
+            f"buffer.capacity_groups={int(cfg.max_ahead_batches * g)}",
+            *ablation,
+        ],
+    )
+    return Schedule.from_config(run)
 
 
 class Base:
@@ -85,26 +105,26 @@ class Verl(Base):
 
 
 class RuntimeLoop(Base):
-    """The runtime's loop with one dispatch rule (see the module docstring)."""
+    """The runtime's loop for one schedule value (see the module docstring). With `schedule.repack` the repack
+    round runs every `repack_interval_s` and right after each trainer update, as the manager's does."""
 
-    def __init__(
-        self,
-        cluster: Cluster,
-        rule: Dispatch,
-        *,
-        in_order: bool,
-        push: bool,
-        interrupt: bool = False,
-    ) -> None:
+    def __init__(self, cluster: Cluster, schedule: Schedule) -> None:
         super().__init__(cluster)
-        self.rule, self.in_order, self.push, self.interrupt = rule, in_order, push, interrupt
+        self.schedule, self.rule = schedule, schedule.dispatch
+        self.in_order, self.push, self.interrupt = schedule.in_order, schedule.push, schedule.interrupt
         self.relay_version = [0] * cluster.machines
         self.manager_version = 0  # what the manager knows: updated when `rt.train` returns
         self.asking: dict[int, Replica] = {}  # replicas drained and refused work, by id
+        cost, spec, cfg = cluster.cost, cluster.spec, cluster.cfg
+        typical = cfg.lengths.prompt_median + cfg.lengths.median
+        self.batch_limit = cfg.repack_batch_limit or cost.batch_limit(spec, typical)
+        self.blocks_total = cost.kv_capacity_tokens(spec) // cost.kv_block_tokens
 
     def start(self) -> None:
         for r in self.c.live():
             self.ask(r)
+        if self.schedule.repack:
+            self.c.at(self.cfg.repack_interval_s, self._tick)
 
     def ask(self, r: Replica) -> None:
         """A drained replica: pull the newest version at its relay, then ask for work."""
@@ -158,6 +178,8 @@ class RuntimeLoop(Base):
         self.manager_version = version
         self.wake()
         self.c.try_train()
+        if self.schedule.repack:
+            self.do_repack()
 
     def _arrive(self, arg: tuple[int, int], now: float) -> None:
         machine, version = arg
@@ -177,32 +199,6 @@ class RuntimeLoop(Base):
         for t in held:
             t.versions += t.generated > 0
         r.add(held, self.c.now)
-
-
-class Laminar(RuntimeLoop):
-    """Each replica pulls the newest version at its relay whenever its batch ends or repack frees it; the
-    repack round runs every `repack_interval_s` and right after each trainer update, as the manager's does."""
-
-    def __init__(self, cluster: Cluster, *, repack: bool = True, relay: bool = True) -> None:
-        cfg = cluster.cfg
-        per_replica = replica_groups(cluster, cfg.max_ahead_batches)
-        rule = Dispatch(per_replica, int(cfg.max_ahead_batches * cfg.groups_per_step))
-        super().__init__(cluster, rule, in_order=False, push=not relay)
-        self.repack = repack
-        cost, spec = cluster.cost, cluster.spec
-        typical = cfg.lengths.prompt_median + cfg.lengths.median
-        self.batch_limit = cfg.repack_batch_limit or cost.batch_limit(spec, typical)
-        self.blocks_total = cost.kv_capacity_tokens(spec) // cost.kv_block_tokens
-
-    def start(self) -> None:
-        super().start()
-        if self.repack:
-            self.c.at(self.cfg.repack_interval_s, self._tick)
-
-    def _updated(self, version: int, now: float) -> None:
-        super()._updated(version, now)
-        if self.repack:
-            self.do_repack()
 
     def _tick(self, _: object, now: float) -> None:
         self.do_repack()
@@ -273,8 +269,12 @@ class Laminar(RuntimeLoop):
             self.ask(source)
 
     def on_failure(self, machine: int) -> None:
-        """Only the dead machine's replicas stop: their trajectories continue on live replicas of the same
-        version (re-prefilled from the partial response pool), else restart; a replacement joins later."""
+        """Laminar: only the dead machine's replicas stop: their trajectories continue on live replicas of the
+        same version (re-prefilled from the partial response pool), else restart; a replacement joins later.
+        The baselines stand for the paper's systems, which restart the whole job from its checkpoint."""
+        if self.schedule.name != "laminar":
+            self.c.global_restart()
+            return
         c = self.c
         dead = [r for r in c.live() if r.machine == machine]
         for r in dead:
@@ -299,24 +299,8 @@ class Laminar(RuntimeLoop):
         self.ask(r)
 
 
-def make_schedule(cluster: Cluster):
-    cfg = cluster.cfg
-    name, g, k = cfg.schedule, cfg.groups_per_step, cfg.staleness_k
-    cap = int(cfg.max_ahead_batches * g)
-    replicas = max(1, len(cluster.live()))
-    if name == "verl":
+def loop_for(cluster: Cluster) -> Base:
+    """What runs the configured schedule: the runtime's loop with its schedule value, or colocated `verl`."""
+    if cluster.cfg.schedule == "verl":
         return Verl(cluster)
-    if name in ("sync", "one_step"):  # each batch spread over all replicas, as laminar.schedules.sync does
-        rule = SyncDispatch(math.ceil(g / replicas), cap, groups_per_step=g, ahead=int(name == "one_step"))
-        return RuntimeLoop(cluster, rule, in_order=True, push=True)
-    if name in ("stream", "partial"):
-        per_replica = replica_groups(cluster, k + 1)
-        rule = BoundedDispatch(per_replica, cap, groups_per_step=g, staleness=k)
-        return RuntimeLoop(cluster, rule, in_order=True, push=True, interrupt=name == "partial")
-    if name == "laminar":
-        return Laminar(cluster)
-    if name == "laminar_no_repack":
-        return Laminar(cluster, repack=False)
-    if name == "laminar_global_push":
-        return Laminar(cluster, relay=False)
-    raise ValueError(f"schedule={name!r} has no simulator implementation")
+    return RuntimeLoop(cluster, schedule_of(cluster))

@@ -1,6 +1,6 @@
-"""The dispatch rules the manager and the simulator both ask."""
+"""The dispatch rule the manager and the simulator both ask."""
 
-from laminar.manager.dispatch import BoundedDispatch, Dispatch, SyncDispatch
+from laminar.manager.dispatch import Dispatch
 
 
 def test_laminar_rule_is_flow_control_only():
@@ -19,17 +19,17 @@ def test_repack_frees_only_as_many_replicas_as_there_are_batches_for():
 
 
 def test_sync_and_one_step_need_the_trainers_version_and_stop_at_the_batch_end():
-    sync = SyncDispatch(3, 24, groups_per_step=8)
+    sync = Dispatch(3, 24, groups_per_step=8, ahead=0)
     assert sync.quota(0, 1, dispatched=8, consumed=8) == 0  # must pull version 1 first
     assert sync.quota(1, 1, dispatched=8, consumed=8) == 3
     assert sync.quota(1, 1, dispatched=15, consumed=8) == 1
-    one = SyncDispatch(3, 24, groups_per_step=8, ahead=1)
+    one = Dispatch(3, 24, groups_per_step=8, ahead=1)
     assert one.quota(0, 0, dispatched=8, consumed=0) == 3  # batch 1 is generated with version 0
     assert one.quota(0, 0, dispatched=16, consumed=0) == 0
 
 
 def test_stream_bound_keeps_every_group_within_k_versions():
-    rule = BoundedDispatch(4, 24, groups_per_step=8, staleness=2)
+    rule = Dispatch(4, 24, groups_per_step=8, ahead=2)
     assert rule.quota(0, 0, dispatched=20, consumed=0) == 4
     assert rule.quota(0, 0, dispatched=24, consumed=0) == 0  # group 24 would train at step 4 > 0 + 2 + 1
     assert rule.quota(0, 1, dispatched=0, consumed=0) == 0  # old version: no new work

@@ -8,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from laminar.config import load_config
+from laminar.schedules import Schedule
+from laminar.schedules.bench import VARIANTS as BENCH_VARIANTS
 from laminar.sim.calibrate import GPU_RUNS
+from laminar.sim.cluster import Cluster
 from laminar.sim.run import simulate
-from laminar.sim.validation import small_gpu_config
+from laminar.sim.schedules import schedule_of
+from laminar.sim.validation import VARIANTS, small_gpu_config
+
+GPU_CONFIG = Path(__file__).parents[2] / "configs" / "gpu-schedules.yaml"
 
 MAX_STALENESS = {
     "sync": 0,
@@ -47,3 +54,12 @@ def test_in_order_schedules_train_the_measured_runs_groups(schedule: str, seed: 
     run = Path(GPU_RUNS[seed]) / schedule / "metrics.jsonl"
     measured = [r["tokens"] for r in map(json.loads, run.read_text().splitlines()) if r["kind"] == "step"]
     assert cluster.record.step_tokens == measured
+
+
+@pytest.mark.parametrize("schedule", list(VARIANTS))
+def test_simulated_schedule_is_the_measured_runs_schedule(schedule: str) -> None:
+    """The simulator runs the very schedule value `laminar train` built for the measured variant (the
+    benchmark's config and overrides; the model path is left out, it is only on the GPU machine)."""
+    _, name, extra = next(v for v in BENCH_VARIANTS if v[0] == VARIANTS[schedule])
+    measured = Schedule.from_config(load_config(GPU_CONFIG, ["model.path=", f"schedule.name={name}", *extra]))
+    assert schedule_of(Cluster(small_gpu_config(schedule=schedule))) == measured
