@@ -33,8 +33,9 @@ def test_ctrl_c_then_resume_trains_every_prompt_once(ray_cluster, tiny_model_dir
     ]
     cmd = [sys.executable, "-m", "laminar.cli", "train", *args, "trainer.steps=40"]
     cmd += [f"run.ray_address={ray_cluster.address}", "--out", str(tmp_path)]
+    log = open(tmp_path.parent / f"{tmp_path.name}.stderr", "w+")  # noqa: SIM115 - read at the end
     proc = subprocess.Popen(
-        cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL, stderr=log
     )
     deadline = time.monotonic() + 240
     try:
@@ -56,7 +57,8 @@ def test_ctrl_c_then_resume_trains_every_prompt_once(ray_cluster, tiny_model_dir
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-    assert rc == 130, proc.stderr.read().decode()[-2000:]
+    log.seek(0)
+    assert rc == 130, log.read()[-3000:]
     state = json.loads((tmp_path / "checkpoint" / "runtime_state.json").read_text())
     saved = json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())
     assert saved["version"] == state["version"], "trainer and run state of one checkpoint disagree"
