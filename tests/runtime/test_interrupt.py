@@ -34,8 +34,13 @@ def test_ctrl_c_then_resume_trains_every_prompt_once(ray_cluster, tiny_model_dir
     cmd = [sys.executable, "-m", "laminar.cli", "train", *args, "trainer.steps=40"]
     cmd += [f"run.ray_address={ray_cluster.address}", "--out", str(tmp_path)]
     log = open(tmp_path.parent / f"{tmp_path.name}.stderr", "w+")  # noqa: SIM115 - read at the end
+    # A shell's background job ignores SIGINT, and a child inherits that: give it back Ctrl-C's usual meaning.
     proc = subprocess.Popen(
-        cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL, stderr=log
+        cmd,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 240
     try:
