@@ -204,9 +204,12 @@ class RolloutManager:
         self.stopped = True
         self._changed.set()
         self._updated.set()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # A repack round or a recovery under way finishes first: cancelled between a source's export and the
+        # destination's import, it would leave the moved trajectories on no replica at all.
+        async with self._placing:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         return self.report()
 
     def report(self) -> dict[str, Any]:
