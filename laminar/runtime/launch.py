@@ -365,19 +365,21 @@ class Runtime:
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
             self._restart_trainer()
             m = ray.get(self.trainer.step.remote(groups), timeout=self.cfg.run.timeout_s * 5)
+        # The step is committed by the last line below (`self.version = v`): an interrupt anywhere before it
+        # leaves the run's record one version behind the trainer, and `checkpoint` refuses to write that.
+        v = m["version"]
         self.since_checkpoint.append(groups)
-        self.version = m["version"]
         self.buffer.trained.remote([g[0].group_id for g in groups])
         chain = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
         if chain and chain[0]._actor_id != self.relays[0]._actor_id:  # the master relay was replaced
             ray.get(self.trainer.attach_master.remote(chain[0]), timeout=self.cfg.run.timeout_s)
         self.relays = chain or self.relays
-        self.publish_times[self.version] = m["t_publish"]
+        self.publish_times[v] = m["t_publish"]
         if push:
             t = time.time()
             try:
                 ray.get(
-                    [r.wait_version.remote(self.version, self.cfg.run.timeout_s) for r in self.relays[1:]],
+                    [r.wait_version.remote(v, self.cfg.run.timeout_s) for r in self.relays[1:]],
                     timeout=self.cfg.run.timeout_s,
                 )
             except (
@@ -386,19 +388,19 @@ class Runtime:
             ):  # a relay died: the manager rebuilt the chain
                 self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
             m["stall_s"] += time.time() - t
-        self.trained_ids.update(m.pop("traj_ids"))
-        self.manager.trainer_update.remote(self.version, len(groups))
+        self.manager.trainer_update.remote(v, len(groups))
         if self.cfg.run.save_trajectories:
-            self._save_trajectories(groups)
+            self._save_trajectories(groups, v)
         rec = self.recorder
-        rec.log("publish", t=m["t_publish"], version=self.version, stall_s=m["stall_s"])
-        rec.log(
-            "step", step=self.version, **{k: v for k, v in m.items() if k not in ("t_start", "t_publish")}
-        )
+        rec.log("publish", t=m["t_publish"], version=v, stall_s=m["stall_s"])
+        traj_ids = m.pop("traj_ids")
+        rec.log("step", step=v, **{k: x for k, x in m.items() if k not in ("t_start", "t_publish")})
+        self.trained_ids.update(traj_ids)
+        self.version = v
         self.collect()
         return m
 
-    def _save_trajectories(self, groups: list[list[Trajectory]]) -> None:
+    def _save_trajectories(self, groups: list[list[Trajectory]], version: int) -> None:
         """What was trained, as data: `trajectories.jsonl` in the run folder (one line per trajectory)."""
         with open(self.recorder.out_dir / "trajectories.jsonl", "a") as f:
             for t in (t for g in groups for t in g):
@@ -406,7 +408,7 @@ class Runtime:
                     "traj_id": t.traj_id,
                     "group_id": t.group_id,
                     "version": t.version,
-                    "trained_at": self.version,
+                    "trained_at": version,
                     "replica": t.replica,
                     "reward": t.reward,
                     "finish_reason": t.finish_reason,
