@@ -154,46 +154,47 @@ def test_a_killed_replica_and_killed_relays_lose_nothing(ray_cluster, tiny_model
     assert max(r["version"] for r in records if r["kind"] == "pull") > 7
 
 
-def test_a_run_stopped_hard_and_resumed_trains_every_prompt_once(ray_cluster, tiny_model_dir, tmp_path):
-    args = [
-        f"model.path={tiny_model_dir}",
-        "rollout.max_new_tokens=16",
-        "trainer.groups_per_step=2",
-        "rollout.groups_per_batch=1",
-        "buffer.capacity_groups=6",
-        "trainer.checkpoint_every=2",
-        *BASE,
-    ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "laminar.cli",
-        "train",
-        *args,
-        "trainer.steps=40",
-        f"run.ray_address={ray_cluster.address}",
-        "--out",
-        str(tmp_path),
-    ]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+# A run that checkpoints every second step: what the stop-and-resume tests start, stop and resume.
+RESUMABLE = [
+    "rollout.max_new_tokens=16",
+    "trainer.groups_per_step=2",
+    "rollout.groups_per_batch=1",
+    "buffer.capacity_groups=6",
+    "trainer.checkpoint_every=2",
+    *BASE,
+]
+
+
+def start_until_checkpoint(model_dir, cluster, out, stderr=subprocess.DEVNULL) -> subprocess.Popen:
+    """`laminar train` (40 steps) in a child process, returned once it has trained 3 steps and checkpointed.
+    A shell's background job ignores SIGINT and a child inherits that: the child gets Ctrl-C's meaning back."""
+    cmd = [sys.executable, "-m", "laminar.cli", "train", f"model.path={model_dir}", *RESUMABLE]
+    cmd += ["trainer.steps=40", f"run.ray_address={cluster.address}", "--out", str(out)]
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline:
-            done = (
-                [r for r in records_of(tmp_path) if r["kind"] == "step"]
-                if (tmp_path / "metrics.jsonl").exists()
-                else []
-            )
-            if len(done) >= 3 and (tmp_path / "checkpoint" / "runtime_state.json").exists():
-                break
-            assert proc.poll() is None, "the first run ended early"
-            time.sleep(0.2)
-        else:
-            pytest.fail("the first run made no checkpoint in time")
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
+    while time.monotonic() < deadline:
+        steps = (
+            [r for r in records_of(out) if r["kind"] == "step"] if (out / "metrics.jsonl").exists() else []
+        )
+        if len(steps) >= 3 and (out / "checkpoint" / "runtime_state.json").exists():
+            return proc
+        if proc.poll() is not None:
+            pytest.fail("the first run ended early")
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("the first run made no checkpoint in time")
+
+
+def test_a_run_stopped_hard_and_resumed_trains_every_prompt_once(ray_cluster, tiny_model_dir, tmp_path):
+    proc = start_until_checkpoint(tiny_model_dir, ray_cluster, tmp_path)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
     state = json.loads((tmp_path / "checkpoint" / "runtime_state.json").read_text())
     before = set(state["trained_ids"])
     at = state["version"]

@@ -6,9 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import ray
@@ -16,46 +13,15 @@ import ray
 from laminar.config import load_config
 from laminar.telemetry.audit import audit_run
 from laminar.train import train
-from tests.runtime.test_failures_and_repack import BASE, records_of
+from tests.runtime.test_failures_and_repack import RESUMABLE, records_of, start_until_checkpoint
 
 pytestmark = pytest.mark.slow
 
 
 def test_ctrl_c_then_resume_trains_every_prompt_once(ray_cluster, tiny_model_dir, tmp_path):
-    args = [
-        f"model.path={tiny_model_dir}",
-        "rollout.max_new_tokens=16",
-        "trainer.groups_per_step=2",
-        "rollout.groups_per_batch=1",
-        "buffer.capacity_groups=6",
-        "trainer.checkpoint_every=2",
-        *BASE,
-    ]
-    cmd = [sys.executable, "-m", "laminar.cli", "train", *args, "trainer.steps=40"]
-    cmd += [f"run.ray_address={ray_cluster.address}", "--out", str(tmp_path)]
     log = open(tmp_path.parent / f"{tmp_path.name}.stderr", "w+")  # noqa: SIM115 - read at the end
-    # A shell's background job ignores SIGINT, and a child inherits that: give it back Ctrl-C's usual meaning.
-    proc = subprocess.Popen(
-        cmd,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    deadline = time.monotonic() + 240
+    proc = start_until_checkpoint(tiny_model_dir, ray_cluster, tmp_path, stderr=log)
     try:
-        while time.monotonic() < deadline:
-            steps = (
-                [r for r in records_of(tmp_path) if r["kind"] == "step"]
-                if (tmp_path / "metrics.jsonl").exists()
-                else []
-            )
-            if len(steps) >= 3 and (tmp_path / "checkpoint" / "runtime_state.json").exists():
-                break
-            assert proc.poll() is None, "the first run ended early"
-            time.sleep(0.2)
-        else:
-            pytest.fail("the first run made no checkpoint in time")
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
         rc = proc.wait(120)
     finally:
@@ -88,19 +54,7 @@ def test_a_killed_control_actor_stops_the_run_and_resume_finishes_it(
 ):
     """The control plane lives on the driver's machine; if one of its processes is killed anyway, the run stops
     with one error, keeps its last consistent checkpoint, and `--resume` trains every prompt once."""
-    cfg = load_config(
-        None,
-        [
-            f"model.path={tiny_model_dir}",
-            "rollout.max_new_tokens=16",
-            "trainer.groups_per_step=2",
-            "rollout.groups_per_batch=1",
-            "buffer.capacity_groups=6",
-            "trainer.checkpoint_every=2",
-            "trainer.steps=40",
-            *BASE,
-        ],
-    )
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", *RESUMABLE, "trainer.steps=40"])
 
     def kill(rt, m) -> None:
         if m["version"] == 5:
