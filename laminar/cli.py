@@ -8,9 +8,9 @@ import sys
 COMMANDS = {
     ("train",): "laminar.train:main",
     ("warmup",): "laminar.data.warmup:main",
-    ("bench", "engine"): "laminar.engine.bench:main",
-    ("bench", "relay"): "laminar.relay.bench:main",
-    ("bench", "schedules"): "laminar.schedules.bench:main",
+    ("bench", "engine"): "laminar.bench.engine:main",
+    ("bench", "relay"): "laminar.bench.relay:main",
+    ("bench", "schedules"): "laminar.bench.schedules:main",
     ("simulate",): "laminar.sim.cli:main",
     ("audit",): "laminar.telemetry.audit:main",
 }

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from laminar.data.records import Trajectory
+from laminar.data.staleness import staleness, summarise
 from laminar.plugin import load_function
 
 Group = list[Trajectory]
@@ -198,24 +199,13 @@ class ExperienceBuffer:
         self.ready = [g for i, g in enumerate(self.ready) if i not in chosen]
         for g in out:
             for t in g:
-                self.staleness[version - t.version] += 1
+                self.staleness[staleness(version, t.version)] += 1
         self.counts["consumed"] += sum(len(g) for g in out)
         return out
 
-    def staleness_stats(self) -> dict[str, float]:
+    def staleness_stats(self) -> dict[str, Any]:
         """Distribution of (consumer version - generator version) over everything sampled so far."""
-        total = sum(self.staleness.values())
-        if total == 0:
-            return {"mean": 0.0, "p99": 0.0, "max": 0.0, "count": 0}
-        values = sorted(self.staleness)
-        mean = sum(k * c for k, c in self.staleness.items()) / total
-        acc, p99 = 0, values[-1]
-        for k in values:
-            acc += self.staleness[k]
-            if acc >= 0.99 * total:
-                p99 = k
-                break
-        return {"mean": mean, "p99": float(p99), "max": float(values[-1]), "count": total}
+        return summarise(self.staleness)
 
     def stats(self) -> dict[str, Any]:
         return {

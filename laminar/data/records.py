@@ -6,6 +6,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def traj_id(group_id: int, sample_idx: int) -> str:
+    """A trajectory's id, the same in every record of the run: "GROUP:SAMPLE"."""
+    return f"{group_id}:{sample_idx}"
+
+
+def group_of(traj_id: str) -> int:
+    """The group a trajectory id belongs to (`traj_id`'s inverse, first half)."""
+    return int(traj_id.split(":", 1)[0])
+
+
 @dataclass
 class PromptGroup:
     """One prompt and the number of samples GRPO compares for it; dispatched whole to one replica."""
@@ -16,7 +26,7 @@ class PromptGroup:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def traj_id(self, sample_idx: int) -> str:
-        return f"{self.group_id}:{sample_idx}"
+        return traj_id(self.group_id, sample_idx)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""A random-initialised Hugging Face model directory of a named shape (`laminar.engine.bench.SHAPES`), with the
+"""A random-initialised Hugging Face model directory of a named shape (`SHAPES`), with the
 task tokenizer, so `laminar train` and `laminar bench schedules` can run a full-size model on a machine with no
 internet. Its outputs are noise: only for speed (the `lengths` workload ignores what the model says).
 
@@ -14,7 +14,36 @@ from pathlib import Path
 
 import torch
 
-from laminar.engine.bench import SHAPES
+# Real models' shapes (Hugging Face config fields), for throughput runs with random weights.
+SHAPES = {
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        hidden_size=3584,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
+    "tiny": dict(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=768,
+        vocab_size=8192,
+        tie_word_embeddings=True,
+    ),
+}
 
 
 def write_random_model(shape: str, out: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:

@@ -12,14 +12,12 @@ the buffer forgets the samples it held of it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from laminar.data.partial_pool import PartialTrajectory
 from laminar.data.records import PromptGroup
-from laminar.engine import ExportedRequest, SamplingParams
-from laminar.rollout.replica import InFlight, sample_seed
 
-Item = tuple[ExportedRequest, InFlight]
+# A sample to place: its index in the group, the tokens and log-probs it keeps (empty: from its prompt).
+Sample = tuple[int, list[int], list[float]]
 
 
 @dataclass
@@ -37,57 +35,47 @@ class Placement:
     replica: int
     group: PromptGroup
     version: int
-    items: list[Item]
+    samples: list[Sample]
     restart: bool  # the whole group from its prompt; else its homeless samples continue on their version
 
 
-def _item(
-    group: PromptGroup,
-    idx: int,
-    version: int,
-    tokens: list[int],
-    logprobs: list[float],
-    sampling: dict[str, Any],
-    run_seed: int,
-    now: float,
-) -> Item:
-    tid = group.traj_id(idx)
-    params = SamplingParams(seed=sample_seed(run_seed, tid), **{**sampling, **group.meta.get("sampling", {})})
-    exported = ExportedRequest(
-        tid, list(group.prompt_ids), list(tokens), list(logprobs), [version] * len(tokens), params, version
-    )
-    state = InFlight(group, idx, version, now, list(tokens), list(logprobs), reported=len(tokens))
-    return exported, state
+def choose_target(
+    versions: set[int], live: dict[int, int], load: dict[int, int]
+) -> tuple[int, int, bool] | None:
+    """Where a group goes: (replica, version, restart). The least loaded live replica of the group's one version
+    (its samples continue), else the least loaded of all (the group restarts whole at that replica's version);
+    None when nothing is alive. The runtime's supervisor and the simulator both ask this."""
+    version = next(iter(versions)) if len(versions) == 1 else None
+    same = [r for r, v in live.items() if v == version]
+    if same:
+        target = min(same, key=lambda r: (load.get(r, 0), r))
+        return target, live[target], False
+    if live:
+        target = min(live, key=lambda r: (load.get(r, 0), r))
+        return target, live[target], True
+    return None
 
 
-def plan_recovery(
-    work: list[GroupWork], live: dict[int, int], sampling: dict[str, Any], run_seed: int, now: float
-) -> list[Placement]:
-    """`live` maps replica -> version. Each group goes to one replica: the least loaded of its version, or
-    (restart) the least loaded of all. Empty when no replica is alive (the caller keeps the work)."""
+def plan_recovery(work: list[GroupWork], live: dict[int, int]) -> list[Placement]:
+    """`live` maps replica -> version. Each group goes to one replica (`choose_target`); groups spread by load.
+    Empty when no replica is alive (the caller keeps the work)."""
     load = dict.fromkeys(live, 0)
     out = []
     for w in sorted(work, key=lambda w: w.group.group_id):
         if not w.homeless and not w.unstarted:
             continue
-        version = next(iter(w.versions)) if len(w.versions) == 1 else None
-        same = [r for r, v in live.items() if v == version]
-        g = w.group
-        if same:
-            target = min(same, key=lambda r: (load[r], r))
-            items = [
-                _item(g, e.sample_idx, version, e.response_ids, e.logprobs, sampling, run_seed, now)
+        chosen = choose_target(w.versions, live, load)
+        if chosen is None:
+            return []
+        target, version, restart = chosen
+        if restart:
+            samples: list[Sample] = [(i, [], []) for i in range(w.group.n)]
+        else:
+            samples = [
+                (e.sample_idx, e.response_ids, e.logprobs)
                 for e in sorted(w.homeless, key=lambda e: e.sample_idx)
             ]
-            items += [_item(g, i, version, [], [], sampling, run_seed, now) for i in sorted(w.unstarted)]
-            restart = False
-        elif live:
-            target = min(live, key=lambda r: (load[r], r))
-            version = live[target]
-            items = [_item(g, i, version, [], [], sampling, run_seed, now) for i in range(g.n)]
-            restart = True
-        else:
-            return []
-        load[target] += len(items)
-        out.append(Placement(target, g, version, items, restart))
+            samples += [(i, [], []) for i in sorted(w.unstarted)]
+        load[target] += len(samples)
+        out.append(Placement(target, w.group, version, samples, restart))
     return out

@@ -1,9 +1,12 @@
-"""Carrying out a repack plan: plan with the pure planner over the replicas' snapshots, move each trajectory
-with the engine's export/import, and record it against its destination. A moved trajectory keeps its version,
-its sampling stream and its tokens so far, so it ends exactly as it would have where it was."""
+"""The repack loop: every `interval_s` and right after each trainer update, plan with the pure planner over the
+replicas' snapshots, move each trajectory with the engine's export/import, and record it against its
+destination. A moved trajectory keeps its version, its sampling stream and its tokens so far, so it ends exactly
+as it would have where it was; one that neither end would take goes through recovery."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -11,9 +14,13 @@ from typing import Any
 
 import ray
 
+from laminar.data.partial_pool import PartialTrajectory
 from laminar.data.records import PromptGroup
+from laminar.manager.fleet import Fleet
 from laminar.manager.repack import ReplicaLoad, plan_repack
 from laminar.rollout.replica import InFlight
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -124,3 +131,90 @@ async def repack_once(
         stats.released += len(set(plan.released) - kept_back)
         stats.overhead_s.append(time.perf_counter() - t0)
     return out
+
+
+@dataclass(frozen=True)
+class RepackSettings:
+    interval_s: float = 0.25
+    batch_limit_b: int = 16  # B: decode batch past which throughput stops growing
+    kv_capacity: float = 0.9  # C_max as a fraction of a replica's KV blocks
+    only_with_work: bool = True  # free a replica only when the dispatch rule has work for it
+
+
+class RepackLoop:
+    """Runs beside the dispatcher and the supervisor on the manager's event loop; `place` is the supervisor's
+    (recovery), used for moves neither end would take."""
+
+    def __init__(
+        self, fleet: Fleet, settings: RepackSettings, dispatcher: Any, partial_pool: Any, place: Any
+    ) -> None:
+        self.fleet, self.settings, self.dispatcher = fleet, settings, dispatcher
+        self.partial_pool, self.place = partial_pool, place
+        self.stats = RepackStats()
+
+    async def run(self) -> None:
+        updated = self.dispatcher.updated
+        while not self.dispatcher.stopped:
+            try:
+                await asyncio.wait_for(updated.wait(), self.settings.interval_s)
+            except TimeoutError:
+                pass
+            updated.clear()
+            if self.dispatcher.stopped:
+                return
+            try:
+                await self.once()
+            except Exception as e:  # noqa: BLE001 - a failed round is reported, the loop goes on
+                log.warning("repack round failed: %r", e)
+                self.fleet.event("repack_error", error=repr(e))
+
+    async def once(self) -> None:
+        """A round, unless the dispatch rule has no work for a freed replica (`only_with_work`): then the tails
+        stay where they run fastest."""
+        max_released = None
+        if self.settings.only_with_work:
+            max_released = self.dispatcher.replicas_with_work()
+            if max_released == 0:
+                return
+        async with self.fleet.placing:
+            await self.round(max_released)
+
+    async def round(self, max_released: int | None) -> None:
+        """Moved groups are owed by their destination too (so its death recovers them with their row), and
+        moves neither end would take go through recovery. The caller holds `fleet.placing`."""
+        fleet = self.fleet
+        snaps = await asyncio.gather(
+            *[h.snapshot.remote() for h in fleet.handles.values()], return_exceptions=True
+        )
+        done = await repack_once(
+            fleet.handles,
+            [s for s in snaps if isinstance(s, dict) and not s.get("error")],
+            batch_limit_b=self.settings.batch_limit_b,
+            kv_capacity=self.settings.kv_capacity,
+            stats=self.stats,
+            partial_pool=self.partial_pool,
+            max_released=max_released,
+        )
+        now = time.time() - fleet.t0
+        fleet.events.extend({**e, "t": now} for e in done.events)
+        for dst, group in done.moved:
+            fleet.owe(dst, group)
+        if done.orphans:
+            # from the tokens the partial pool holds, so its record stays whole; the rest is made again
+            homeless = [
+                PartialTrajectory(
+                    exported.request_id,
+                    state.group.group_id,
+                    state.sample_idx,
+                    state.group.n,
+                    list(state.group.prompt_ids),
+                    state.version,
+                    replica=-1,
+                    response_ids=list(exported.output_token_ids[: state.reported]),
+                    logprobs=list(exported.logprobs[: state.reported]),
+                    meta=dict(state.group.meta),
+                )
+                for exported, state in done.orphans
+            ]
+            placed = await self.place(homeless, {s.group.group_id: s.group for _, s in done.orphans})
+            fleet.event("recovery", orphans=len(homeless), **placed)

@@ -6,7 +6,6 @@ unchanged keeps its connection; one whose downstream changed offers its newest v
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -24,15 +23,6 @@ def relay_on_node(node_id: str, name: str, settings: RelaySettings, **relay_kwar
     ).remote(name, **settings.kwargs(), **relay_kwargs)
 
 
-def place_relays(node_ids: list[str], settings: RelaySettings, *, prefix: str = "relay") -> list[Any]:
-    """One relay per node, in the given order (the master's node first)."""
-    return [relay_on_node(nid, f"{prefix}-{i}", settings) for i, nid in enumerate(node_ids)]
-
-
-def alive_node_ids() -> list[str]:
-    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-
-
 def build_chain(relays: list[Any], *, timeout: float = 30.0) -> list[tuple[str, int]]:
     """Link relays[i] -> relays[i+1]; the last gets no downstream. Returns their addresses. Each relay learns
     its upstream's name first, so it accepts that relay, and only that one, before it connects."""
@@ -44,33 +34,3 @@ def build_chain(relays: list[Any], *, timeout: float = 30.0) -> list[tuple[str, 
     ray.get([r.set_upstream.remote(up) for r, up in zip(relays, [None, *names[:-1]])], timeout=timeout)
     ray.get([r.set_downstream.remote(d) for r, d in zip(relays, [*addrs[1:], None])], timeout=timeout)
     return addrs
-
-
-def live_relays(relays: list[Any], *, timeout: float = 5.0) -> list[Any]:
-    """The relays that answer a ping within `timeout` (a dead actor raises; a hung one times out)."""
-    refs = [r.ping.remote() for r in relays]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-    alive = []
-    for r, ref in zip(relays, refs):
-        if ref not in ready:
-            continue
-        try:
-            ray.get(ref, timeout=0)
-        except (
-            ray.exceptions.RayActorError,
-            ray.exceptions.ActorUnavailableError,
-            ray.exceptions.RayTaskError,
-        ):
-            continue
-        alive.append(r)
-    return alive
-
-
-def rebuild_chain(relays: list[Any], *, dead: Sequence[Any] = (), timeout: float = 30.0) -> list[Any]:
-    """Relink the chain without `dead` and without any relay that no longer answers; returns the new chain."""
-    dead_ids = {r._actor_id for r in dead}
-    candidates = [r for r in relays if r._actor_id not in dead_ids]
-    chain = live_relays(candidates, timeout=min(timeout, 5.0))
-    if chain:
-        build_chain(chain, timeout=timeout)
-    return chain

@@ -16,6 +16,7 @@ from laminar.data.experience_buffer import ExperienceBuffer
 from laminar.data.partial_pool import PartialPool
 from laminar.data.prompt_pool import PromptPool
 from laminar.data.records import Trajectory
+from laminar.data.staleness import staleness
 
 
 def _exactly(wanted: set[int], ready: list, count: int, version: int) -> list[int]:
@@ -193,7 +194,7 @@ class TrainerActor:
             "response_tokens": sum(len(t.response_ids) for t in trajs),
             "reward_mean": sum(t.reward for t in trajs) / max(len(trajs), 1),
             "reprefill_tokens": sum(t.reprefill_tokens for t in trajs),
-            "staleness": [consumer_version - t.version for t in trajs],
+            "staleness": [staleness(consumer_version, t.version) for t in trajs],
             "traj_ids": [t.traj_id for t in trajs],
             "traj_versions": {t.traj_id: sorted(t.versions) for t in trajs},
         }

@@ -13,28 +13,24 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from laminar.config import Config
 from laminar.data.records import Trajectory
+from laminar.jsonio import write_json
 from laminar.manager.manager import RolloutFailure, RolloutManager
-from laminar.relay.chain import build_chain, relay_on_node
 from laminar.relay.relay import RelaySettings
-from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor, ReplicaActor, TrainerActor
+from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor, TrainerActor
+from laminar.runtime.factory import Factory, use_cuda
 from laminar.schedules.schedule import Schedule
 from laminar.telemetry.recorder import Recorder, dumps
-from laminar.trainer.state_files import read_json, write_json
+from laminar.trainer.state_files import read_json
 
 
 def on_driver_node(soft: bool = False) -> dict[str, Any]:
     """Actor options that place it on the driver's machine (soft: there if it fits, elsewhere if not)."""
     node = ray.get_runtime_context().get_node_id()
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=soft)}
-
-
-def use_cuda(cfg: Config) -> bool:
-    return cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
 
 
 def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
@@ -61,46 +57,6 @@ def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
 
 def _node_of(_actor: Any) -> str:
     return ray.get_runtime_context().get_node_id()
-
-
-def import_engine(_actor: Any) -> None:
-    import laminar.engine.weights  # noqa: F401
-
-
-class _EngineFactory:
-    """Picklable recipe for a replica's engine, built inside the replica's process."""
-
-    def __init__(self, model_path: str, cfg: Config, version: int = 0) -> None:
-        self.model_path, self.cfg, self.version = model_path, cfg, version
-
-    def __call__(self) -> Any:
-        from laminar.engine import Engine
-
-        r, cuda = self.cfg.rollout, use_cuda(self.cfg)
-        dtype = torch.bfloat16 if cuda or self.cfg.model.dtype == "bfloat16" else torch.float32
-        return Engine.from_pretrained(
-            self.model_path,
-            device="cuda" if cuda else "cpu",
-            dtype=dtype,
-            max_num_seqs=r.max_num_seqs,
-            num_kv_blocks=r.kv_blocks,
-            block_size=r.block_size,
-            use_cuda_graphs=cuda,
-            version=self.version,
-        )
-
-
-class _ScorerFactory:
-    def __init__(self, model_path: str, reward: str, task: str, timeout_s: float | None = None) -> None:
-        self.model_path, self.reward, self.task, self.timeout_s = model_path, reward, task, timeout_s
-
-    def __call__(self) -> Any:
-        from laminar.data.tasks import TaskCodec
-        from laminar.rewards.loader import DEFAULT_REWARD, RewardScorer
-
-        codec = TaskCodec.from_dir(self.model_path)
-        default = "laminar.data.lengths:length_reward" if self.task == "lengths" else DEFAULT_REWARD
-        return RewardScorer(self.reward or default, codec.decode, timeout_s=self.timeout_s)
 
 
 LOGS = ("metrics.jsonl", "trajectories.jsonl")  # append-only run logs, rewound to a checkpoint on resume
@@ -164,13 +120,11 @@ class Runtime:
     manager: Any = None
     trainer: Any = None
     relays: list[Any] = field(default_factory=list)  # the chain, master first
-    relay_of_node: dict[str, Any] = field(default_factory=dict)
     relay_settings: RelaySettings | None = None
     replicas: dict[int, Any] = field(default_factory=dict)
     trained_ids: set[str] = field(default_factory=set)
     version: int = 0
     publish_times: dict[int, float] = field(default_factory=dict)
-    engine_path: str = ""
     restarted_on_resume: int = 0
     trainer_spec: tuple[dict[str, Any], Any] | None = None
     last_checkpoint: Path | None = None
@@ -208,7 +162,7 @@ class Runtime:
         rt.manager = (
             ray.remote(num_cpus=0)(RolloutManager)
             .options(**here)
-            .remote(rt.prompt_pool, schedule.dispatch, recorder.t0)
+            .remote(cfg, schedule, rt.prompt_pool, rt.partial_pool, recorder.t0)
         )
         rt.buffer = BufferActor.options(**here).remote(
             t.group_size,
@@ -248,96 +202,35 @@ class Runtime:
         rt.relay_settings = RelaySettings.for_run(
             cfg.relay.slots, int(cfg.relay.chunk_mb * (1 << 20)), tls=cfg.relay.tls
         )
-        master = relay_on_node(trainer_node, "relay-master", rt.relay_settings)
+        factory = Factory(
+            cfg,
+            model_path,
+            rt.relay_settings,
+            manager=rt.manager,
+            partial_pool=rt.partial_pool,
+            buffer=rt.buffer,
+            interrupt_on_update=schedule.interrupt,
+        )
+        master = factory.relay(trainer_node, "relay-master")
         ray.get(rt.trainer.attach_master.remote(master), timeout=cfg.run.timeout_s)
+        rt.relays = [master]
         if resume is not None:
             rt.restore(resume)
-            rt.engine_path = str(resume)  # the replicas start from the checkpoint's weights, at its version
+            # the replicas start from the checkpoint's weights, at its version
+            factory.engine_path, factory.version = str(resume), rt.version
         recorder.log(  # where this segment of the run starts, for `laminar audit`
             "segment",
             resumed_at=rt.version if resume is not None else None,
             group_size=t.group_size,
             issued_groups=ray.get(rt.prompt_pool.stats.remote(), timeout=cfg.run.timeout_s)["issued"],
         )
-
-        sampling = {
-            "temperature": r.temperature,
-            "top_p": r.top_p,
-            "top_k": r.top_k,
-            "max_new_tokens": r.max_new_tokens,
-        }
-        spec = rt.replica_spec(sampling, interrupt_on_update=schedule.interrupt)
-        for i in range(r.replicas):
-            rt.replicas[i] = rt._new_replica(i, spec)
-        nodes = ray.get([a.node_id.remote() for a in rt.replicas.values()], timeout=cfg.run.timeout_s)
-        for node in dict.fromkeys(nodes):  # one relay per node that hosts rollouts, in first-seen order
-            rt.relay_of_node[node] = relay_on_node(node, f"relay-{len(rt.relay_of_node)}", rt.relay_settings)
-        rt.relays = [master, *rt.relay_of_node.values()]
-        # Layouts are engine objects: import the engine in every relay now, not during the first publish.
-        ray.get([r.__ray_call__.remote(import_engine) for r in rt.relays], timeout=cfg.run.timeout_s)
-        build_chain(rt.relays, timeout=cfg.run.timeout_s)
-        for actor, node in zip(rt.replicas.values(), nodes):
-            ray.get(actor.start.remote(rt.relay_of_node[node]), timeout=cfg.run.timeout_s)
-        repack = None
-        if schedule.repack:
-            repack = {
-                "interval_s": cfg.repack.interval_s,
-                "batch_limit_b": cfg.repack.batch_limit_b,
-                "kv_capacity": cfg.repack.kv_capacity,
-                "only_with_work": cfg.repack.only_with_work,
-            }
-        ray.get(
-            rt.manager.configure.remote(
-                rt.replicas,
-                partial_pool=rt.partial_pool,
-                buffer=rt.buffer,
-                sampling=sampling,
-                run_seed=cfg.run.seed,
-                repack=repack,
-                replica_spec=spec,
-                relays=rt.relays,
-                relay_settings=rt.relay_settings,
-                relay_of_node=rt.relay_of_node,
-                master_node=trainer_node,
-                node_of_replica=dict(zip(rt.replicas, nodes)),
-                heartbeat_s=r.heartbeat_s,
-                dead_after_s=r.dead_after_s,
-                timeout_s=cfg.run.timeout_s,
-                max_failures_in_a_row=r.max_failures_in_a_row,
-            ),
-            timeout=cfg.run.timeout_s,
+        # The manager starts the replicas, a relay on each of their machines and the chain; it makes every
+        # replacement later with the same factory.
+        rt.relays = ray.get(
+            rt.manager.start.remote(factory, master, trainer_node, r.replicas), timeout=cfg.run.timeout_s * 2
         )
-        ray.get(rt.manager.start_background.remote(), timeout=cfg.run.timeout_s)
+        rt.replicas = ray.get(rt.manager.live_replicas.remote(), timeout=cfg.run.timeout_s)
         return rt
-
-    def replica_spec(self, sampling: dict[str, Any], interrupt_on_update: bool) -> dict[str, Any]:
-        """How to make a replica; the manager uses it again to replace a dead one."""
-        cfg, r = self.cfg, self.cfg.rollout
-        return {
-            "options": {
-                "num_cpus": r.num_cpus,
-                "num_gpus": r.num_gpus if use_cuda(cfg) else 0,
-                **({"scheduling_strategy": "SPREAD"} if r.placement == "spread" else {}),
-            },
-            "args": (
-                _EngineFactory(self.engine_path or self.model_path, cfg, self.version),
-                _ScorerFactory(self.model_path, cfg.task.reward, cfg.task.name, cfg.task.reward_timeout_s),
-            ),
-            "kwargs": {
-                "manager": self.manager,
-                "partial_pool": self.partial_pool,
-                "buffer": self.buffer,
-                "sampling": sampling,
-                "run_seed": cfg.run.seed,
-                "progress_every": r.progress_every,
-                "heartbeat_s": r.heartbeat_s,
-                "timeout_s": cfg.run.timeout_s,
-                "interrupt_on_update": interrupt_on_update,
-            },
-        }
-
-    def _new_replica(self, i: int, spec: dict[str, Any]) -> Any:
-        return ReplicaActor.options(**spec["options"]).remote(i, *spec["args"], **spec["kwargs"])
 
     # ---- the operations schedules are made of --------------------------------------------------------------
     def take(self, count: int, group_ids: range | None = None) -> list[list[Trajectory]]:

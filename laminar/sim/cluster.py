@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from laminar.data.experience_buffer import load_sampler
+from laminar.data.staleness import staleness
 from laminar.sim.config import SimConfig
 from laminar.sim.lengths import LengthSampler
 from laminar.sim.replica import Busy, Group, Replica, Traj
@@ -67,6 +69,7 @@ class Cluster:
 
     def __init__(self, cfg: SimConfig, *, audit: bool = False) -> None:
         self.cfg, self.cost, self.spec = cfg, cfg.cost, cfg.spec
+        self.sampler = load_sampler(cfg.sampler)
         self.now = 0.0
         self._events: list[tuple[float, int, Callable[[Any, float], None], Any]] = []
         self._seq = itertools.count()
@@ -201,11 +204,9 @@ class Cluster:
         assert self.loop is not None
         if self.loop.in_order:
             ids = range(self.version * g, (self.version + 1) * g)
-        elif self.cfg.sampler == "oldest":  # `buffer.sampler: oldest`: by version, then completion order
-            order = sorted(self.complete.values(), key=lambda grp: grp.version)  # stable: completion order
-            ids = [grp.gid for grp in order[:g]]
-        else:
-            ids = list(itertools.islice(self.complete, g))
+        else:  # the runtime's own sampler (`buffer.sampler`): a sim group stands where a group's samples would
+            ready = list(self.complete.values())
+            ids = [ready[i].gid for i in self.sampler([[grp] for grp in ready], g, self.version)]
         if len(ids) < g or any(i not in self.complete for i in ids):
             return None
         return [self.complete.pop(i) for i in ids]
@@ -221,7 +222,7 @@ class Cluster:
         tokens = response = 0
         for group in batch:
             self.n_unconsumed -= 1
-            self.record.staleness[self.version - group.version] += len(group.trajs)
+            self.record.staleness[staleness(self.version, group.version)] += len(group.trajs)
             self.record.consumed += len(group.trajs)
             for t in group.trajs:
                 tokens += t.prompt + t.target

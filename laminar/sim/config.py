@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from laminar.data.experience_buffer import SAMPLERS
 from laminar.schedules.schedule import NAMES
 from laminar.sim.cost import MODELS, CostModel
 from laminar.sim.lengths import LengthConfig
@@ -47,7 +48,9 @@ class SimConfig:
     repack_kv_frac: float = 0.9
     repack_batch_limit: int = 0  # B; 0 = from the cost model
     repack_only_with_work: bool = True  # free only as many replicas as have a batch waiting (the runtime's)
-    sampler: str = "fifo"  # Laminar's trainer: first completed groups first, or "oldest" version first
+    sampler: str = (
+        "fifo"  # the experience buffer's sampler, by name (`laminar.data.experience_buffer.SAMPLERS`)
+    )
     relay_pinned: bool = True
     seed: int = 0
     failures: tuple[Failure, ...] = ()
@@ -72,9 +75,9 @@ class SimConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be < steps={self.steps}")
-        if self.sampler not in ("fifo", "oldest"):
+        if self.sampler not in SAMPLERS:
             raise ValueError(
-                f"sampler={self.sampler!r}; valid: fifo, oldest (the buffer's built-in samplers)"
+                f"sampler={self.sampler!r}; valid: {', '.join(SAMPLERS)} (the experience buffer's built-in samplers)"
             )
         if self.max_ahead_batches < 1.0:
             raise ValueError(f"max_ahead_batches={self.max_ahead_batches} must be >= 1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from laminar.data import staleness
 from laminar.sim.cluster import Cluster
 from laminar.sim.replica import Busy
 
@@ -30,8 +31,6 @@ def summarise(c: Cluster, wall_s: float | None = None) -> dict[str, Any]:
     }
     trainer["waiting"] = max(0.0, 1.0 - sum(trainer.values()))
     tokens = sum(rec.step_tokens[cfg.warmup_steps :])
-    staleness = dict(sorted(rec.staleness.items()))
-    consumed = sum(staleness.values())
     repacks, moved, released = (
         a - b for a, b in zip((rec.repacks, rec.moved, rec.released), start["repacks"])
     )
@@ -53,11 +52,7 @@ def summarise(c: Cluster, wall_s: float | None = None) -> dict[str, Any]:
         "mean_running_batch": delta.batch_seconds / max(delta.decode, 1e-9),
         "rollout_time": breakdown,
         "trainer_time": trainer,
-        "staleness": {
-            "distribution": {str(k): v for k, v in staleness.items()},
-            "mean": sum(k * v for k, v in staleness.items()) / max(consumed, 1),
-            "max": max(staleness, default=0),
-        },
+        "staleness": staleness.summarise(rec.staleness),
         "reprefill_tokens": rec.reprefill_tokens - start["reprefill"],
         "max_versions_per_trajectory": rec.max_versions_per_traj,
         "preemptions": delta.preemptions,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from laminar.config import load_config
+from laminar.manager.recovery import choose_target
 from laminar.manager.repack import ReplicaLoad, plan_repack
 from laminar.schedules.schedule import Schedule
 from laminar.sim.cluster import Cluster
@@ -277,20 +278,29 @@ class RuntimeLoop(Base):
             return
         c = self.c
         dead = [r for r in c.live() if r.machine == machine]
+        homeless: dict[int, list[Traj]] = {}
         for r in dead:
-            trajs = r.take_all(c.now)
+            for t in r.take_all(c.now):
+                homeless.setdefault(t.group.gid, []).append(t)
             r.alive = False
             c.at(c.now + c.cost.replica_restart_s, self._revive, r)
+        # Where each group goes is the runtime's own decision (`choose_target`): its version's least loaded
+        # replica, else a whole restart on the least loaded one.
+        for gid in sorted(homeless):
+            trajs = homeless[gid]
+            live = {x.rid: x.version for x in c.live()}
+            load = {x.rid: len(x.running) + len(x.waiting) for x in c.live()}
+            chosen = choose_target({t.version for t in trajs}, live, load)
+            if chosen is None:
+                continue
+            target, _, restart = chosen
             for t in trajs:
-                same = [x for x in c.live() if x.version == t.version]
-                if same:
-                    c.record.recovered += 1
-                    dest = min(same, key=lambda x: (len(x.running) + len(x.waiting), x.rid))
-                else:
+                if restart:
                     c.record.restarted += 1
                     t.generated = 0.0
-                    dest = min(c.live(), key=lambda x: (len(x.running) + len(x.waiting), x.rid))
-                dest.add([t], c.now)
+                else:
+                    c.record.recovered += 1
+            c.replicas[target].add(trajs, c.now)
 
     def _revive(self, r: Replica, now: float) -> None:
         r.alive = True

@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from laminar.data.records import group_of, traj_id
+
 
 @dataclass
 class Audit:
@@ -75,16 +77,12 @@ def _lineage(steps: Iterable[tuple[int, Any]]) -> tuple[dict[int, Any], int]:
     return kept, dropped
 
 
-def _group_of(traj_id: str) -> int:
-    return int(traj_id.split(":", 1)[0])
-
-
 def _mixed_groups(traj_versions: dict[str, list[int]]) -> set[int]:
     """Groups of one step whose samples began at different versions (a trajectory's first version is the
     lowest of its tokens': partial rollout only ever moves a trajectory forward)."""
     began: dict[int, set[int]] = {}
     for tid, versions in traj_versions.items():
-        began.setdefault(_group_of(tid), set()).add(min(versions))
+        began.setdefault(group_of(tid), set()).add(min(versions))
     return {g for g, v in began.items() if len(v) > 1}
 
 
@@ -160,14 +158,14 @@ def audit_records(
         audit.problems.append(
             f"groups {beyond[:5]} were dispatched but the prompt pool counts {issued_groups}"
         )
-    never_issued = sorted(tid for tid in consumed if _group_of(tid) >= issued_groups)
+    never_issued = sorted(tid for tid in consumed if group_of(tid) >= issued_groups)
     if never_issued:
         audit.problems.append(f"trained but never issued: {never_issued[:5]} ({len(never_issued)} in all)")
 
     audit.issued = issued_groups * group_size
     for g in range(issued_groups):
         for i in range(group_size):
-            tid = f"{g}:{i}"
+            tid = traj_id(g, i)
             if tid in times:
                 continue
             if tid in skipped:

@@ -1,39 +1,18 @@
 """Append-only run log: every record goes to `metrics.jsonl` as it happens and stays in memory for the summary.
 
-The run's files are strict JSON: a NaN or inf (a skipped step's loss, say) is written as null, and the encoder
-refuses any that slip past (`allow_nan=False`), so a reader in any language can parse every line."""
+The run's files are strict JSON (`laminar.jsonio`): a NaN or inf (a skipped step's loss, say) is written as null,
+so a reader in any language can parse every line."""
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
+from laminar.jsonio import dumps, finite_or_null, write_json
 from laminar.telemetry.console import Console
 
-
-def finite_or_null(value: Any) -> Any:
-    """`value` with every non-finite float replaced by None, through dicts, lists and tuples."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite_or_null(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite_or_null(v) for v in value]
-    return value
-
-
-def dumps(value: Any, **kwargs: Any) -> str:
-    """Strict JSON text: non-finite floats become null; anything else non-standard raises."""
-    return json.dumps(finite_or_null(value), allow_nan=False, **kwargs)
-
-
-def write_json(path: str | Path, value: Any) -> Path:
-    path = Path(path)
-    path.write_text(dumps(value, indent=2) + "\n")
-    return path
+__all__ = ["Recorder", "dumps", "finite_or_null", "write_json"]
 
 
 class Recorder:

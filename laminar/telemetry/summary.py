@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from laminar.data.staleness import summarise
+
 
 def _stats(values: list[float]) -> dict[str, float]:
     if not values:
@@ -80,12 +82,7 @@ def summarize(
         "gen_tokens_per_s": round(gen_tokens / wall_s, 2) if wall_s > 0 else 0.0,
         "reward_start": round(float(np.mean(rewards[:window])), 4) if rewards else 0.0,
         "reward_end": round(ma[-1], 4) if ma else 0.0,
-        "staleness": {
-            "mean": float(np.mean(staleness)) if staleness else 0.0,
-            "p50": float(np.percentile(staleness, 50)) if staleness else 0.0,
-            "p99": float(np.percentile(staleness, 99)) if staleness else 0.0,
-            "max": int(max(staleness)) if staleness else 0,
-        },
+        "staleness": summarise(staleness),
         "publishes": len(publishes),
         "actor_stall_s": _stats([r["stall_s"] for r in publishes]),
         "relay_propagation_s": _stats(

@@ -17,16 +17,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from laminar.jsonio import write_json
+
 
 class CheckpointError(ValueError):
     """A checkpoint file is missing, unreadable or not what it should be; the message names the file."""
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Strict JSON (no NaN or Infinity), written beside and renamed, so a crash never leaves half a file."""
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(json.dumps(obj, allow_nan=False, default=str))
-    tmp.replace(path)
 
 
 def read_json(path: Path, what: str) -> Any:

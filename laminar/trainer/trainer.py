@@ -15,6 +15,7 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from laminar.data.records import Trajectory
+from laminar.data.staleness import staleness
 from laminar.trainer.grpo import GRPOConfig, group_advantages, grpo_loss, token_logprobs
 from laminar.trainer.state_files import CheckpointError, load_trainer_state, save_trainer_state
 
@@ -176,7 +177,7 @@ class Trainer:
             self.optimizer.step()
 
         self._count_nonfinite(nonfinite, losses, grad_norms)
-        staleness = [self.version - t.version for t in trajs]
+        lags = [staleness(self.version, t.version) for t in trajs]
         rewards = [t.reward for t in trajs]
         n_tok = max(sums.get("tokens", 0.0), 1.0)
         self.version += 1
@@ -191,8 +192,8 @@ class Trainer:
             "tokens": sum(t.num_tokens for t in trajs),
             "response_tokens": sum(len(t.response_ids) for t in trajs),
             "response_len_mean": float(np.mean([len(t.response_ids) for t in trajs])),
-            "staleness_mean": float(np.mean(staleness)),
-            "staleness_max": int(max(staleness)),
+            "staleness_mean": float(np.mean(lags)),
+            "staleness_max": int(max(lags)),
             "clip_frac": sums.get("clip_frac_sum", 0.0) / n_tok,
             "ratio_mean": sums.get("ratio_sum", 0.0) / n_tok,
             "is_weight_mean": sums.get("is_weight_sum", 0.0) / n_tok,

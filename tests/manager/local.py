@@ -7,11 +7,13 @@ from typing import Any
 
 import ray
 
+from laminar.config import Config, RepackConfig
 from laminar.data.records import PromptGroup
 from laminar.engine import ExportedRequest, SamplingParams
 from laminar.manager.dispatch import Dispatch
 from laminar.manager.manager import RolloutManager
 from laminar.rollout.replica import InFlight, sample_seed
+from laminar.schedules.schedule import Schedule
 
 
 class _Method:
@@ -120,17 +122,17 @@ class Replica:
 
 
 def manager_over(
-    replicas: list[Replica], partial_pool: Any, buffer: Any, repack: dict[str, Any] | None = None
+    replicas: list[Replica], partial_pool: Any, buffer: Any, only_with_work: bool = False
 ) -> RolloutManager:
-    """A manager wired to in-process parts, the way `RolloutManager.configure` wires it to actors."""
-    manager = RolloutManager(None, Dispatch(groups_per_batch=4, max_outstanding_groups=24), t0=0.0)
-    manager.handles = {r.id: Local(r) for r in replicas}
-    manager.partial_pool, manager.buffer = Local(partial_pool), Local(buffer)
-    manager.sampling, manager.run_seed = {"max_new_tokens": 32}, 0
-    manager.repack_cfg = repack or {
-        "interval_s": 0.01,
-        "batch_limit_b": 16,
-        "kv_capacity": 0.9,
-        "only_with_work": False,
-    }
+    """A manager over in-process parts, as `RolloutManager.start` wires it to actors: its dispatcher, supervisor
+    and repack loop are the real ones."""
+    cfg = Config()
+    cfg.repack = RepackConfig(
+        interval_s=0.01, batch_limit_b=16, kv_capacity=0.9, only_with_work=only_with_work
+    )
+    cfg.rollout.max_new_tokens = 32
+    manager = RolloutManager(cfg, Schedule.from_config(cfg), None, Local(partial_pool), t0=0.0)
+    manager.dispatcher.dispatch = Dispatch(groups_per_batch=4, max_outstanding_groups=24)
+    manager.fleet.handles = {r.id: Local(r) for r in replicas}
+    manager.supervisor.buffer = Local(buffer)
     return manager

@@ -9,6 +9,7 @@ from laminar.data.experience_buffer import ExperienceBuffer
 from laminar.data.partial_pool import PartialPool, PartialTrajectory
 from laminar.data.records import PromptGroup, Trajectory
 from laminar.manager.recovery import GroupWork, plan_recovery
+from laminar.manager.supervisor import engine_items
 from laminar.rollout.replica import sample_seed
 from tests.manager.local import Replica, item, manager_over
 
@@ -26,9 +27,9 @@ def entry(idx: int, version: int, tokens: list[int]) -> PartialTrajectory:
 def test_same_version_continues_with_its_tokens_its_row_and_its_own_sampling_stream():
     e = entry(0, 3, [4, 4, 2])
     work = GroupWork(e.group(), [e], unstarted=[2], versions={3})
-    [p] = plan_recovery([work], {1: 2, 2: 3}, {"temperature": 1.0}, 11, 0.0)
+    [p] = plan_recovery([work], {1: 2, 2: 3})
     assert p.replica == 2 and p.version == 3 and not p.restart
-    (exported, state), (fresh, fresh_state) = p.items
+    (exported, state), (fresh, fresh_state) = engine_items(p, {"temperature": 1.0}, 11, 0.0)
     assert exported.output_token_ids == [4, 4, 2] and exported.logprobs == [-0.5] * 3 and state.reported == 3
     assert exported.params.seed == sample_seed(11, "7:0") and exported.params.max_new_tokens == 9
     assert state.group.meta == ROW and state.group.n == 3  # the group rebuilt from the pool keeps its row
@@ -37,23 +38,24 @@ def test_same_version_continues_with_its_tokens_its_row_and_its_own_sampling_str
 
 def test_no_replica_of_its_version_restarts_the_whole_group_on_one_replica():
     work = GroupWork(GROUP, [entry(1, 3, [4, 4])], versions={3})
-    [p] = plan_recovery([work], {1: 5, 2: 6}, {}, 11, 0.0)
+    [p] = plan_recovery([work], {1: 5, 2: 6})
     assert p.restart and p.replica == 1 and p.version == 5
-    assert [e.request_id for e, _ in p.items] == ["7:0", "7:1", "7:2"]
-    assert all(e.output_token_ids == [] and s.version == 5 for e, s in p.items)
+    items = engine_items(p, {}, 11, 0.0)
+    assert [e.request_id for e, _ in items] == ["7:0", "7:1", "7:2"]
+    assert all(e.output_token_ids == [] and s.version == 5 for e, s in items)
 
 
 def test_a_group_already_of_two_versions_restarts_whole_even_where_one_of_them_lives():
     work = GroupWork(GROUP, [entry(0, 3, [1])], versions={3, 4})
-    [p] = plan_recovery([work], {1: 3, 2: 4}, {}, 0, 0.0)
-    assert p.restart and len(p.items) == 3
+    [p] = plan_recovery([work], {1: 3, 2: 4})
+    assert p.restart and len(p.samples) == 3
 
 
 def test_groups_spread_over_the_least_loaded_replicas_and_nothing_alive_means_no_plan():
     other = PromptGroup(8, [1], n=1)
     work = [GroupWork(GROUP, [entry(0, 3, [1])], versions={3}), GroupWork(other, [], [0], versions={3})]
-    assert sorted(p.replica for p in plan_recovery(work, {1: 3, 2: 3}, {}, 0, 0.0)) == [1, 2]
-    assert plan_recovery(work, {}, {}, 0, 0.0) == []
+    assert sorted(p.replica for p in plan_recovery(work, {1: 3, 2: 3})) == [1, 2]
+    assert plan_recovery(work, {}) == []
 
 
 def _moved_from_0_to_1():
@@ -69,26 +71,29 @@ def _moved_from_0_to_1():
     dst = Replica(1, 3, [item(PromptGroup(8, [1], n=1), 0, 3)], blocks=3)
     busy = Replica(2, 3, [item(GROUP, 2, 3)], waiting=1)
     manager = manager_over([src, dst, busy], pool, buffer)
-    manager._owe(0, GROUP)
-    asyncio.run(manager._repack_round(None))
-    assert manager.repack_stats.moved == 1 and "7:0" in dst.running
+    manager.fleet.owe(0, GROUP)
+    asyncio.run(manager.repack.round(None))
+    assert manager.repack.stats.moved == 1 and "7:0" in dst.running
     return manager, pool, buffer, (src, dst, busy)
 
 
 def _dies(manager, replica) -> None:
     replica.kill()
-    del manager.handles[replica.id]
-    asyncio.run(manager._recover(replica.id))
+    del manager.fleet.handles[replica.id]
+    asyncio.run(manager.supervisor.recover(replica.id))
 
 
 def test_a_moved_group_is_owed_by_its_destination_and_recovered_with_its_row_when_it_dies():
     manager, pool, buffer, (src, dst, busy) = _moved_from_0_to_1()
-    assert manager.replicas[1].groups[7].meta == ROW
+    assert manager.fleet.owed[1][7].meta == ROW
     _dies(manager, dst)
     # 7:0 continues on a replica of version 3 with its tokens and its row
     exported, state = next((e, s) for r in (src, busy) for rid, (e, s) in r.running.items() if rid == "7:0")
     assert exported.output_token_ids == [4] and state.group.meta == ROW and state.version == 3
-    assert manager.failures["recovered_trajectories"] == 1 and manager.failures["restarted_groups"] == 0
+    assert (
+        manager.fleet.failures["recovered_trajectories"] == 1
+        and manager.fleet.failures["restarted_groups"] == 0
+    )
     assert "7:1" in buffer.seen  # its finished sample stays: the group is still of one version
 
 
@@ -97,7 +102,7 @@ def test_samples_moved_away_from_a_source_that_dies_are_not_started_again():
     before = (list(dst.imported), list(busy.imported))  # dst: the repack move itself
     _dies(manager, src)
     assert (dst.imported, busy.imported) == before  # nothing restarted or continued twice
-    assert pool.get("7:0").replica == 1 and manager.failures["restarted_trajectories"] == 0
+    assert pool.get("7:0").replica == 1 and manager.fleet.failures["restarted_trajectories"] == 0
 
 
 def test_when_its_version_is_gone_the_group_restarts_whole_and_the_buffer_forgets_its_old_samples():
@@ -111,5 +116,5 @@ def test_when_its_version_is_gone_the_group_restarts_whole_and_the_buffer_forget
     assert sorted(target.running) == ["7:0", "7:1", "7:2"]
     assert {s.version for _, s in target.running.values()} == {4}
     assert not buffer.pending and buffer.required[7] == 4
-    assert manager.failures["restarted_groups"] == 1
+    assert manager.fleet.failures["restarted_groups"] == 1
     assert all(pool.get(t).version == 4 and pool.get(t).restarts == 1 for t in ("7:0", "7:1", "7:2"))

@@ -22,11 +22,10 @@ def _round(only_with_work: bool, dispatched: int, consumed: int) -> int:
         for g in tails:
             pool.start(g, replica=g.group_id, version=3)
         replicas = [Replica(g.group_id, 3, [item(g, 0, 3)], blocks=2 + g.group_id) for g in tails]
-        manager = manager_over(replicas, pool, ExperienceBuffer(group_size=1))
-        manager.repack_cfg["only_with_work"] = only_with_work
-        manager.dispatched_groups, manager.consumed_groups = dispatched, consumed
-        await manager._repack()
-        return manager.repack_stats.released
+        manager = manager_over(replicas, pool, ExperienceBuffer(group_size=1), only_with_work=only_with_work)
+        manager.dispatcher.dispatched_groups, manager.dispatcher.consumed_groups = dispatched, consumed
+        await manager.repack.once()
+        return manager.repack.stats.released
 
     return asyncio.run(go())
 

@@ -46,8 +46,8 @@ def _setup(same_version_elsewhere: bool):
 def test_a_move_refused_by_both_ends_continues_on_a_replica_of_its_version():
     g, pool, buffer, replicas = _setup(same_version_elsewhere=True)
     manager = manager_over(replicas, pool, buffer)
-    asyncio.run(manager._repack_round(None))
-    s = manager.repack_stats
+    asyncio.run(manager.repack.round(None))
+    s = manager.repack.stats
     assert (s.moved, s.refused, s.orphaned, s.released) == (0, 1, 1, 1)  # the source is free all the same
     keeper = replicas[2]
     exported, state = keeper.running["7:0"]
@@ -55,16 +55,19 @@ def test_a_move_refused_by_both_ends_continues_on_a_replica_of_its_version():
     assert exported.output_token_ids == [4, 4] and state.reported == 2 and state.version == 3
     assert state.group.meta == ROW
     assert pool.get("7:0").replica == 2 and pool.get("7:0").response_ids == [4, 4]
-    assert manager.failures["recovered_trajectories"] == 1 and manager.failures["restarted_groups"] == 0
-    assert manager.replicas[2].groups[7].meta == ROW  # owed by its new replica, with its row
+    assert (
+        manager.fleet.failures["recovered_trajectories"] == 1
+        and manager.fleet.failures["restarted_groups"] == 0
+    )
+    assert manager.fleet.owed[2][7].meta == ROW  # owed by its new replica, with its row
     assert all("7:0" not in r.running for r in replicas[:2])
 
 
 def test_a_move_nobody_of_its_version_can_take_restarts_its_whole_group_on_one_version():
     g, pool, buffer, replicas = _setup(same_version_elsewhere=False)
     manager = manager_over(replicas, pool, buffer)
-    asyncio.run(manager._repack_round(None))
-    assert manager.repack_stats.orphaned == 1
+    asyncio.run(manager.repack.round(None))
+    assert manager.repack.stats.orphaned == 1
     [target] = [r for r in replicas if r.imported]
     assert target.imported == [["7:0", "7:1"]]  # both samples, in one import, at the target's version
     assert {s.version for _, s in target.running.values()} == {4}
@@ -74,7 +77,10 @@ def test_a_move_nobody_of_its_version_can_take_restarts_its_whole_group_on_one_v
     assert not buffer.add(finished(g, 1, 3))  # a late copy of the old version is ignored
     assert buffer.add(finished(g, 0, 4)) and buffer.add(finished(g, 1, 4))
     assert [t.version for t in buffer.ready[0]] == [4, 4]
-    assert manager.failures["restarted_groups"] == 1 and manager.failures["restarted_trajectories"] == 2
+    assert (
+        manager.fleet.failures["restarted_groups"] == 1
+        and manager.fleet.failures["restarted_trajectories"] == 2
+    )
 
 
 def test_a_dead_destination_hands_the_move_back_to_its_source():
@@ -84,7 +90,7 @@ def test_a_dead_destination_hands_the_move_back_to_its_source():
     src = Replica(0, 3, [item(g, 0, 3, [4])], blocks=1)  # no newer weights to pull: it takes it back
     dst = Replica(1, 3, [item(PromptGroup(8, [1], n=1), 0, 3)], blocks=3, dies_before="import_requests")
     manager = manager_over([src, dst, Replica(2, 3, [item(g, 1, 3)], waiting=1)], pool, buffer)
-    asyncio.run(manager._repack_round(None))
-    s = manager.repack_stats
+    asyncio.run(manager.repack.round(None))
+    s = manager.repack.stats
     assert dst.dead and (s.refused, s.orphaned, s.released) == (1, 0, 0)
     assert src.running["7:0"][0].output_token_ids == [4] and pool.get("7:0").replica == 0

@@ -1,9 +1,11 @@
 """A replica whose loop raised is dead; the same error over and over stops the run instead of replacing forever.
 Reward errors a replica reports with its heartbeat become run records."""
 
-from laminar.manager.dispatch import Dispatch
-from laminar.manager.manager import RolloutManager, repeated_failure
+from laminar.config import Config
+from laminar.manager.manager import RolloutManager
+from laminar.manager.supervisor import repeated_failure
 from laminar.rollout.replica import describe_error
+from laminar.schedules.schedule import Schedule
 
 
 def raise_at_one_place(message: str) -> BaseException:
@@ -37,33 +39,38 @@ def snapshot(replica: int, **extra):
     return {"replica": replica, "version": 0, "running": 0, "waiting": 0, "inflight": [], **extra}
 
 
+def manager(t0: float = 0.0, max_failures_in_a_row: int = 3) -> RolloutManager:
+    cfg = Config()
+    cfg.rollout.max_failures_in_a_row = max_failures_in_a_row
+    return RolloutManager(cfg, Schedule.from_config(cfg), None, None, t0=t0)
+
+
 def test_replica_errors_are_logged_with_their_traceback_and_repeats_become_fatal():
-    m = RolloutManager(prompt_pool=None, dispatch=Dispatch(1, 4), t0=0.0)
-    m.max_failures_in_a_row = 2
+    m = manager(max_failures_in_a_row=2)
     first = snapshot(
         0, error="Traceback ...\nValueError: a", error_line="ValueError: a", error_kind="V at f:1"
     )
-    m._replica_error(first)
+    m.supervisor.replica_error(first)
     assert m.fatal_error() is None
-    m._replica_error(
+    m.supervisor.replica_error(
         snapshot(1, error="Traceback ...\nKeyError: b", error_line="KeyError: b", error_kind="K at g:2")
     )
     assert m.fatal_error() is None  # a different error breaks the streak
-    m._replica_error({**first, "replica": 2})
+    m.supervisor.replica_error({**first, "replica": 2})
     assert m.fatal_error() is None
-    m._replica_error({**first, "replica": 3})
+    m.supervisor.replica_error({**first, "replica": 3})
     fatal = m.fatal_error()
     assert fatal.startswith("rollout replicas failed 2 times in a row with the same error, last replica 3")
     assert "ValueError: a" in fatal and "\n" not in fatal
-    logged = [e for e in m.events if e["kind"] == "replica_error"]
+    logged = [e for e in m.fleet.events if e["kind"] == "replica_error"]
     assert [e["replica"] for e in logged] == [0, 1, 2, 3] and logged[0]["traceback"].startswith("Traceback")
 
 
 def test_reward_errors_in_a_heartbeat_become_records_and_stay_out_of_the_timeline():
-    m = RolloutManager(prompt_pool=None, dispatch=Dispatch(1, 4), t0=100.0)
+    m = manager(t0=100.0)
     err = {"traj_id": "5:2", "row": 9, "error_kind": "not_a_number", "error": "returned str 'x'"}
     m.heartbeat(snapshot(4, reward_errors=[err], error=None, error_line="", error_kind=""), 101.5)
-    [event] = m.events
+    [event] = m.fleet.events
     assert event == {"kind": "reward_error", "t": 1.5, "replica": 4, **err}
-    [row] = m.timeline
+    [row] = m.dispatcher.timeline
     assert "reward_errors" not in row and "error" not in row and row["replica"] == 4

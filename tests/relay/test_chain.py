@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from dataclasses import replace
 
 import numpy as np
 import pytest
 import ray
 
 from laminar.engine.weights import WeightLayout
-from laminar.relay.chain import alive_node_ids, build_chain, place_relays, rebuild_chain, relay_on_node
+from laminar.relay.chain import build_chain, relay_on_node
 from laminar.relay.publisher import WeightPublisher
 from laminar.relay.pull import pull_latest
 from laminar.relay.relay import RelaySettings
@@ -51,9 +50,14 @@ def check_pull(relay, version: int) -> None:
 
 @pytest.fixture(scope="module")
 def nodes(ray_cluster):
-    ids = alive_node_ids()
+    ids = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     assert len(ids) >= 3, ids
     return ids
+
+
+def place_relays(node_ids: list[str], settings: RelaySettings, *, prefix: str) -> list:
+    """One relay per node, in the given order."""
+    return [relay_on_node(nid, f"{prefix}-{i}", settings) for i, nid in enumerate(node_ids)]
 
 
 def kill_all(relays) -> None:
@@ -116,7 +120,8 @@ def test_chain_rebuilt_without_a_dead_relay(nodes, how):
         else:
             os.kill(ray.get(victim.ping.remote(), timeout=30)["pid"], signal.SIGKILL)
         pub.publish(2, weights(2), Layout(NBYTES))  # lost past the dead relay, or not
-        chain = rebuild_chain(relays, dead=[victim] if how == "ray.kill" else [])
+        chain = [r for r in relays if r is not victim]  # as the supervisor relinks: the survivors, in order
+        build_chain(chain)
         assert len(chain) == 3 and victim not in chain
         for version in (3, 4):
             pub.publish(version, weights(version), Layout(NBYTES))
@@ -126,29 +131,6 @@ def test_chain_rebuilt_without_a_dead_relay(nodes, how):
     finally:
         pub.close()
         kill_all(relays)
-
-
-def test_publish_stall_does_not_grow_with_relays(nodes, record_property):
-    nbytes = 16 << 20
-    stalls = {}
-    for n in (1, 2, 3):
-        relays = place_relays(nodes[:n], replace(SETTINGS, chunk_bytes=1 << 20), prefix=f"stall{n}")
-        build_chain(relays)
-        pub = WeightPublisher(relays[0])
-        w = np.ones(nbytes, dtype=np.uint8)
-        try:
-            runs = []
-            for version in range(1, 6):
-                runs.append(pub.publish(version, w, Layout(nbytes)))
-                ray.get(relays[-1].wait_version.remote(version, 30), timeout=60)
-            stalls[n] = float(np.median(runs[1:]))  # the first publish also creates the slots
-        finally:
-            pub.close()
-            kill_all(relays)
-    record_property("publish_stall_s_by_relays", stalls)
-    print("median publish stall (s) by number of relays:", stalls)
-    # Loose: the stall is a memcpy plus an async call; a chain-length dependence would be 100s of ms.
-    assert stalls[3] < stalls[1] * 3 + 0.05, stalls
 
 
 def test_bad_publish_inputs(nodes):

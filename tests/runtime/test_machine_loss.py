@@ -51,8 +51,8 @@ def test_losing_a_machine_loses_no_trajectory(ray_cluster, tiny_model_dir, tmp_p
         if m["version"] != 3 or removed:
             return
         # The chain: the master (the driver's machine) first, then one relay per machine with replicas.
-        node_of = {r._actor_id: n for n, r in rt.relay_of_node.items()}
-        workers = [node_of[r._actor_id] for r in rt.relays[1:] if node_of.get(r._actor_id, head) != head]
+        chain = ray.get(rt.manager.placement.remote(), timeout=30)["relays"]
+        workers = [n for n in chain[1:] if n != head]
         assert len(workers) == 2, f"replicas were not spread over both worker machines: {workers}"
         target = workers[0] if which == "middle" else workers[-1]
         node = next(w for w in ray_cluster.worker_nodes if w.node_id == target)

@@ -2,8 +2,8 @@
 
 import json
 
+from laminar.jsonio import write_json
 from laminar.runtime.launch import RUNTIME_STATE, finish_checkpoint_swap, log_sizes, rewind_to_checkpoint
-from laminar.trainer.state_files import write_json
 
 
 def lines(path):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from laminar.bench.schedules import VARIANTS as BENCH_VARIANTS
 from laminar.config import load_config
 from laminar.schedules import Schedule
-from laminar.schedules.bench import VARIANTS as BENCH_VARIANTS
 from laminar.sim.calibrate import GPU_RUNS
 from laminar.sim.cluster import Cluster
 from laminar.sim.run import simulate

@@ -18,36 +18,7 @@ import torch
 
 from laminar.engine.config import ModelConfig, SamplingParams
 from laminar.engine.engine import Engine
-
-SHAPES = {
-    "qwen2.5-0.5b": dict(
-        hidden_size=896,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        intermediate_size=4864,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
-    "qwen2.5-7b": dict(
-        hidden_size=3584,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        intermediate_size=18944,
-        vocab_size=152064,
-        tie_word_embeddings=False,
-    ),
-    "tiny": dict(
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=768,
-        vocab_size=8192,
-        tie_word_embeddings=True,
-    ),
-}
+from laminar.engine.random_model import SHAPES
 
 
 def build_hf_model(name: str, device: str, dtype: torch.dtype):

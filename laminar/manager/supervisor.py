@@ -1,0 +1,359 @@
+"""The supervisor: starts the fleet (replicas, one relay per machine that hosts them, the chain), watches it,
+and keeps it whole. A replica or relay that does not answer within `dead_after_s` is dead, and so is a replica
+whose generation loop raised; relays are checked before replicas (a replacement replica must find its machine's
+relay in the chain), every question is asked at once (a lost machine costs one timeout, not one per actor on
+it), and dead replicas are replaced in parallel after their work is recovered onto live ones.
+
+Replicas and relays are made by the run's factory (`laminar.runtime.factory.Factory`), the same way at start
+and on replacement; recovery decisions are the pure `plan_recovery`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from laminar.data.partial_pool import PartialTrajectory
+from laminar.data.records import PromptGroup
+from laminar.manager.fleet import Fleet
+from laminar.manager.recovery import GroupWork, Placement, plan_recovery
+from laminar.relay.chain import build_chain
+
+log = logging.getLogger(__name__)
+UNREACHABLE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, TimeoutError)
+
+
+class MachineLost(RuntimeError):
+    """A relay could not start on a machine: it is gone, or going."""
+
+
+def alive_nodes() -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
+def repeated_failure(signatures: list[str], in_a_row: int) -> bool:
+    """True when the last `in_a_row` replica errors are the same error (`describe_error`'s signature)."""
+    return len(signatures) >= in_a_row and len(set(signatures[-in_a_row:])) == 1
+
+
+def engine_items(p: Placement, sampling: dict[str, Any], run_seed: int, now: float) -> list[tuple[Any, Any]]:
+    """A placement as the engine imports it: each sample with its own sampling stream (seeded by its id, so it
+    continues exactly), its tokens so far, and the replica-side record of it."""
+    from laminar.engine import ExportedRequest, SamplingParams
+    from laminar.rollout.replica import InFlight, sample_seed
+
+    g, v, items = p.group, p.version, []
+    for idx, tokens, logprobs in p.samples:
+        tid = g.traj_id(idx)
+        params = SamplingParams(seed=sample_seed(run_seed, tid), **{**sampling, **g.meta.get("sampling", {})})
+        exported = ExportedRequest(
+            tid, list(g.prompt_ids), list(tokens), list(logprobs), [v] * len(tokens), params, v
+        )
+        items.append((exported, InFlight(g, idx, v, now, list(tokens), list(logprobs), reported=len(tokens))))
+    return items
+
+
+@dataclass(frozen=True)
+class Watch:
+    heartbeat_s: float = 1.0  # the watch period
+    dead_after_s: float = 15.0  # no answer for this long: dead
+    timeout_s: float = 120.0  # longest a start or a relink may take
+    max_failures_in_a_row: int = 3  # the same replica error this often stops the run
+
+
+class Supervisor:
+    def __init__(
+        self,
+        fleet: Fleet,
+        partial_pool: Any,
+        sampling: dict[str, Any],
+        run_seed: int,
+        watch: Watch,
+        on_fatal: Any = None,
+    ) -> None:
+        self.fleet, self.partial_pool, self.sampling, self.run_seed = fleet, partial_pool, sampling, run_seed
+        self.watch = watch
+        self.on_fatal = on_fatal or (lambda: None)  # wakes replicas waiting for work
+        self.factory: Any = None  # set by `start`
+        self.buffer: Any = None
+        self.relays_made = 0
+        self.error_signatures: list[str] = []  # every replica error, in the order seen
+        self.fatal: str | None = None  # why the run must stop; the driver asks
+
+    # ---- start -------------------------------------------------------------------------------------------
+    async def start(self, factory: Any, master: Any, master_node: str, replicas: int) -> None:
+        """Start `replicas` replicas, a relay on every machine they landed on, and the chain (master first)."""
+        fleet, t = self.fleet, self.watch.timeout_s
+        self.factory, self.buffer, fleet.master_node = factory, factory.buffer, master_node
+        handles = {rid: factory.replica(rid) for rid in range(replicas)}
+        nodes = await asyncio.wait_for(asyncio.gather(*[h.node_id.remote() for h in handles.values()]), t)
+        fleet.relays = [master]
+        for node in dict.fromkeys(nodes):  # one relay per machine that hosts rollouts, in first-seen order
+            fleet.relay_of_node[node] = factory.relay(node, f"relay-{len(fleet.relay_of_node)}")
+            fleet.relays.append(fleet.relay_of_node[node])
+        # Layouts are engine objects: every relay imports the engine now, not during the first publish.
+        await asyncio.wait_for(asyncio.gather(*[factory.ready(r) for r in fleet.relays]), t)
+        await self.relink()
+        await asyncio.wait_for(
+            asyncio.gather(
+                *[h.start.remote(fleet.relay_of_node[n]) for h, n in zip(handles.values(), nodes)]
+            ),
+            t,
+        )
+        fleet.handles, fleet.node_of_replica = handles, dict(zip(handles, nodes))
+
+    # ---- watching ----------------------------------------------------------------------------------------
+    async def watch_loop(self) -> None:
+        """Until the run stops or a failure repeats (`fatal`)."""
+        while self.fatal is None:
+            await asyncio.sleep(self.watch.heartbeat_s)  # the watch period, not a synchronisation
+            try:
+                await self.check_once()
+            except Exception as e:  # noqa: BLE001 - the watch must outlive any one failed recovery
+                log.warning("failure watch: %r", e)
+                self.fleet.event("watch_error", error=repr(e), where=traceback.format_exc(limit=-3))
+
+    async def check_once(self) -> None:
+        fleet = self.fleet
+        relays = list(fleet.relays)
+        answers = await asyncio.gather(*[self._answers(r.ping.remote()) for r in relays])
+        for relay, alive in zip(relays, answers):
+            if not alive:
+                await self._replace_relay(relay)
+        rids = list(fleet.handles)
+        snapshots = await asyncio.gather(*[self._snapshot_of(fleet.handles[rid]) for rid in rids])
+        dead = []
+        for rid, snapshot in zip(rids, snapshots):
+            if snapshot is None:
+                dead.append(rid)
+            elif snapshot.get("error"):
+                self.replica_error(snapshot)
+                dead.append(rid)
+        if self.fatal is None:
+            await asyncio.gather(*[self._replace_replica(rid) for rid in dead])
+
+    async def _snapshot_of(self, handle: Any) -> dict[str, Any] | None:
+        """A replica's snapshot; None if it does not answer in time ({} if it answered with an error)."""
+        try:
+            return await asyncio.wait_for(handle.snapshot.remote(), self.watch.dead_after_s)
+        except UNREACHABLE:
+            return None  # dead, or unreachable (its machine is gone) for as long as we wait
+        except ray.exceptions.RayTaskError:
+            return {}
+
+    async def _answers(self, ref: Any) -> bool:
+        try:
+            await asyncio.wait_for(ref, self.watch.dead_after_s)
+            return True
+        except UNREACHABLE:
+            return False
+        except ray.exceptions.RayTaskError:
+            return True  # it answered, with an error of its own: alive
+
+    def replica_error(self, snapshot: dict[str, Any]) -> None:
+        """Log a dead loop's traceback; the same error `max_failures_in_a_row` times in a row is fatal."""
+        line, rid = snapshot.get("error_line") or "unknown error", snapshot["replica"]
+        kind = snapshot.get("error_kind", "")
+        self.fleet.event(
+            "replica_error", replica=rid, error=line, error_kind=kind, traceback=snapshot["error"]
+        )
+        self.error_signatures.append(kind or line)
+        n = self.watch.max_failures_in_a_row
+        if repeated_failure(self.error_signatures, n):
+            self.fatal = (
+                f"rollout replicas failed {n} times in a row with the same error, last replica {rid}: {line} "
+                "(tracebacks in metrics.jsonl, kind replica_error)"
+            )
+            self.on_fatal()
+
+    # ---- replicas ----------------------------------------------------------------------------------------
+    async def _replace_replica(self, dead: int) -> None:
+        """Recover its work on the live replicas first, then start a replacement that pulls from its relay."""
+        fleet = self.fleet
+        ray.kill(fleet.handles.pop(dead))  # a hung one too
+        fleet.event("failure", what="rollout", replica=dead)
+        await self.recover(dead)
+        last = None
+        for _ in range(5):  # a machine going away may still be offered for a few seconds: try again
+            new_id = max([*fleet.handles, dead, *fleet.node_of_replica]) + 1
+            fleet.node_of_replica[new_id] = ""  # reserved: a replacement made meanwhile takes the next id
+            new = self.factory.replica(new_id)
+            try:
+                node = await asyncio.wait_for(new.node_id.remote(), self.watch.timeout_s)
+                fleet.node_of_replica[new_id] = node
+                relay = fleet.relay_of_node.get(node) or await self._new_relay(node)
+                await asyncio.wait_for(new.start.remote(relay), self.watch.timeout_s)
+            except (TimeoutError, ray.exceptions.RayError, MachineLost) as e:
+                ray.kill(new)
+                last = e
+                continue
+            fleet.event("replacement", replica=new_id, **{"for": dead})
+            fleet.handles[new_id] = new
+            fleet.failures["rollouts"] += 1  # counted once handled: recovered and replaced
+            return
+        raise RuntimeError(f"no replacement for replica {dead} could start: {last!r}")
+
+    async def recover(self, dead: int) -> None:
+        """Every trajectory the dead replica owed: in flight (from the partial pool, which keeps each group's row)
+        or dispatched to it and never begun (neither in the pool nor in the buffer). Samples repack moved away are
+        in the pool under their destination and stay there."""
+        async with self.fleet.placing:
+            entries = await self.partial_pool.on_replica.remote(dead)
+            groups = dict(self.fleet.owed.pop(dead, {}))
+            for e in entries:
+                groups.setdefault(e.group_id, e.group())
+            placed = await self.place(entries, groups)
+            self.fleet.event("recovery", replica=dead, in_flight=len(entries), **placed)
+
+    async def place(
+        self, homeless: list[PartialTrajectory], groups: dict[int, PromptGroup]
+    ) -> dict[str, int]:
+        """Find a replica for each group with homeless samples (`plan_recovery`), version by version: a group
+        whose version no live replica holds restarts whole, and the buffer forgets what it held of it. A target
+        that changed version before the import refuses it; the group is planned again (bounded). The caller
+        holds `fleet.placing`."""
+        fleet = self.fleet
+        done = {"recovered": 0, "restarted": 0, "restarted_groups": 0}
+        by_group: dict[int, list[PartialTrajectory]] = {}
+        for e in homeless:
+            by_group.setdefault(e.group_id, []).append(e)
+        pending = set(groups)
+        for _ in range(3):
+            work = await self._group_work(
+                {g: groups[g] for g in pending}, {g: by_group.get(g, []) for g in pending}
+            )
+            snaps = await asyncio.gather(
+                *[h.snapshot.remote() for h in fleet.handles.values()], return_exceptions=True
+            )
+            live = {s["replica"]: s["version"] for s in snaps if isinstance(s, dict) and not s.get("error")}
+            if not live:
+                raise RuntimeError(f"no live replica is left to take the work of groups {sorted(pending)}")
+            pending = set()
+            for p in plan_recovery(work, live):
+                items = engine_items(p, self.sampling, self.run_seed, time.time())
+                gid, ids = p.group.group_id, [e.request_id for e, _ in items]
+                if p.restart and not await self.buffer.restart_group.remote(
+                    gid, [p.group.traj_id(i) for i in range(p.group.n)], p.version
+                ):
+                    continue  # it completed meanwhile
+                try:
+                    refused = await fleet.handles[p.replica].import_requests.remote(items)
+                except ray.exceptions.RayError:
+                    refused = ids  # it died or its loop stopped: plan again without it
+                if refused:
+                    pending.add(gid)
+                    continue
+                fresh = [s.sample_idx for e, s in items if not e.output_token_ids]
+                if p.restart or fresh:
+                    await self.partial_pool.restart.remote(p.group, fresh, p.replica, p.version)
+                kept = [e.request_id for e, _ in items if e.output_token_ids]
+                if kept:
+                    await self.partial_pool.move.remote(kept, p.replica)
+                done["recovered"] += len(kept)
+                done["restarted"] += len(fresh)
+                done["restarted_groups"] += p.restart
+                fleet.owe(p.replica, p.group)
+            if not pending:
+                break
+        else:
+            fleet.event("recovery_failed", groups=sorted(pending))
+        fleet.failures["recovered_trajectories"] += done["recovered"]
+        fleet.failures["restarted_trajectories"] += done["restarted"]
+        fleet.failures["restarted_groups"] += done["restarted_groups"]
+        return done
+
+    async def _group_work(
+        self, groups: dict[int, PromptGroup], homeless: dict[int, list[PartialTrajectory]]
+    ) -> list[GroupWork]:
+        """What the planner needs of each group: its homeless samples, those never begun, and every version its
+        samples run or ran at (in flight anywhere, or held by the buffer)."""
+        flying = await self.partial_pool.of_groups.remote(sorted(groups))
+        work = []
+        for gid, group in groups.items():
+            ids = [group.traj_id(i) for i in range(group.n)]
+            seen, held_versions = await self.buffer.group_state.remote(gid, ids)
+            here = {e.traj_id for e in flying if e.group_id == gid}
+            lost = {e.traj_id for e in homeless[gid]}
+            unstarted = [i for i, t in enumerate(ids) if t not in here and t not in seen and t not in lost]
+            versions = {e.version for e in flying if e.group_id == gid} | held_versions
+            versions |= {e.version for e in homeless[gid]}
+            work.append(GroupWork(group, homeless[gid], unstarted, versions))
+        return work
+
+    # ---- relays ------------------------------------------------------------------------------------------
+    async def _new_relay(self, node: str, master: bool = False) -> Any:
+        """A relay on `node`, linked into the chain: first if it is the master, else last."""
+        fleet = self.fleet
+        self.relays_made += 1
+        name = f"relay-{'master' if master else node[:6]}-r{self.relays_made}"  # unique within the chain
+        relay = self.factory.relay(node, name)
+        try:  # a machine that is going away (not yet known dead) never starts it: do not wait on it forever
+            await asyncio.wait_for(self.factory.ready(relay), self.watch.dead_after_s * 2)
+        except (TimeoutError, ray.exceptions.RayError) as e:
+            ray.kill(relay)
+            raise MachineLost(f"no relay could start on machine {node}: {e!r}") from e
+        if master:
+            fleet.relays.insert(0, relay)
+        else:
+            fleet.relay_of_node[node] = relay
+            fleet.relays.append(relay)
+        await self.relink()
+        return relay
+
+    async def _replace_relay(self, dead: Any) -> None:
+        """Relink the chain without it at once, then start a new one on its node if that machine is alive (a
+        node relay's replicas re-point to it; a new master is picked up by the trainer after its next step,
+        `Runtime.train`). A relay whose machine is gone is not replaced there: that machine's replicas are
+        dead too, and their replacements bring up a relay wherever they land."""
+        fleet = self.fleet
+        ray.kill(dead)  # a hung one too
+        fleet.failures["relays"] += 1
+        was_master = bool(fleet.relays) and fleet.relays[0]._actor_id == dead._actor_id
+        fleet.relays = [r for r in fleet.relays if r._actor_id != dead._actor_id]
+        node = fleet.master_node if was_master else None
+        if not was_master:
+            node = next((n for n, r in fleet.relay_of_node.items() if r._actor_id == dead._actor_id), None)
+            if node is not None:
+                del fleet.relay_of_node[node]
+        alive = node is not None and node in await asyncio.get_running_loop().run_in_executor(
+            None, alive_nodes
+        )
+        event = fleet.event("failure", what="relay", node=node, replaced=False)
+        if fleet.relays:
+            await self.relink()
+        if not alive:
+            return
+        try:
+            relay = await self._new_relay(node, master=was_master)
+        except MachineLost as e:  # the machine went with its relay; its replicas' replacements go elsewhere
+            event["error"] = str(e)
+            return
+        event["replaced"] = True
+        if was_master:  # picked up by the trainer after its next step (a lost machine restarts the trainer)
+            return
+        await asyncio.gather(
+            *[
+                fleet.handles[rid].set_relay.remote(relay)
+                for rid, n in fleet.node_of_replica.items()
+                if n == node and rid in fleet.handles
+            ]
+        )
+
+    async def relink(self) -> None:
+        relays, timeout = list(self.fleet.relays), self.watch.timeout_s
+        await asyncio.get_running_loop().run_in_executor(None, lambda: build_chain(relays, timeout=timeout))
+
+    async def move_master(self, node: str) -> list[Any]:
+        """The trainer came back on another machine: a new master relay there heads the chain (the old one,
+        alive or not, is dropped). Returns the new chain."""
+        fleet = self.fleet
+        if fleet.relays:
+            ray.kill(fleet.relays.pop(0))
+        fleet.master_node = node
+        await self._new_relay(node, master=True)
+        return list(fleet.relays)

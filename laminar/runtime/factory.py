@@ -1,0 +1,115 @@
+"""How the run makes its rollout replicas and relays: one recipe from the config, used at start and for every
+replacement, so a replacement is exactly like the part it replaces (same engine, reward, sampling, relay
+secret, slots and chunk size)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from laminar.config import Config
+from laminar.manager.manager import sampling_of
+from laminar.relay.chain import relay_on_node
+from laminar.relay.relay import RelaySettings
+from laminar.runtime.actors import ReplicaActor
+
+
+def use_cuda(cfg: Config) -> bool:
+    return cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
+
+
+def import_engine(_actor: Any) -> None:
+    import laminar.engine.weights  # noqa: F401
+
+
+class EngineRecipe:
+    """Picklable recipe for a replica's engine, built inside the replica's process."""
+
+    def __init__(self, model_path: str, cfg: Config, version: int = 0) -> None:
+        self.model_path, self.cfg, self.version = model_path, cfg, version
+
+    def __call__(self) -> Any:
+        from laminar.engine import Engine
+
+        r, cuda = self.cfg.rollout, use_cuda(self.cfg)
+        dtype = torch.bfloat16 if cuda or self.cfg.model.dtype == "bfloat16" else torch.float32
+        return Engine.from_pretrained(
+            self.model_path,
+            device="cuda" if cuda else "cpu",
+            dtype=dtype,
+            max_num_seqs=r.max_num_seqs,
+            num_kv_blocks=r.kv_blocks,
+            block_size=r.block_size,
+            use_cuda_graphs=cuda,
+            version=self.version,
+        )
+
+
+class ScorerRecipe:
+    def __init__(self, model_path: str, reward: str, task: str, timeout_s: float | None = None) -> None:
+        self.model_path, self.reward, self.task, self.timeout_s = model_path, reward, task, timeout_s
+
+    def __call__(self) -> Any:
+        from laminar.data.tasks import TaskCodec
+        from laminar.rewards.loader import DEFAULT_REWARD, RewardScorer
+
+        codec = TaskCodec.from_dir(self.model_path)
+        default = "laminar.data.lengths:length_reward" if self.task == "lengths" else DEFAULT_REWARD
+        return RewardScorer(self.reward or default, codec.decode, timeout_s=self.timeout_s)
+
+
+class Factory:
+    """Built by the driver once the run's parts exist, handed to the manager, which makes every replica and
+    relay with it. `engine_path` and `version` are where the replicas' first weights come from (a resumed run:
+    its checkpoint)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        model_path: str,
+        relay_settings: RelaySettings,
+        *,
+        manager: Any,
+        partial_pool: Any,
+        buffer: Any,
+        interrupt_on_update: bool,
+        engine_path: str = "",
+        version: int = 0,
+    ) -> None:
+        self.cfg, self.model_path, self.relay_settings = cfg, model_path, relay_settings
+        self.manager, self.partial_pool, self.buffer = manager, partial_pool, buffer
+        self.interrupt_on_update = interrupt_on_update
+        self.engine_path, self.version = engine_path or model_path, version
+
+    def replica(self, rid: int) -> Any:
+        cfg, r = self.cfg, self.cfg.rollout
+        options = {
+            "num_cpus": r.num_cpus,
+            "num_gpus": r.num_gpus if use_cuda(cfg) else 0,
+            **({"scheduling_strategy": "SPREAD"} if r.placement == "spread" else {}),
+        }
+        t = cfg.task
+        return ReplicaActor.options(**options).remote(
+            rid,
+            EngineRecipe(self.engine_path, cfg, self.version),
+            ScorerRecipe(self.model_path, t.reward, t.name, t.reward_timeout_s),
+            manager=self.manager,
+            partial_pool=self.partial_pool,
+            buffer=self.buffer,
+            sampling=sampling_of(cfg),
+            run_seed=cfg.run.seed,
+            progress_every=r.progress_every,
+            heartbeat_s=r.heartbeat_s,
+            timeout_s=cfg.run.timeout_s,
+            interrupt_on_update=self.interrupt_on_update,
+        )
+
+    def relay(self, node: str, name: str) -> Any:
+        """A relay pinned to `node` with the run's secret, slots and chunk size; `ready` says when it runs."""
+        return relay_on_node(node, name, self.relay_settings)
+
+    @staticmethod
+    def ready(relay: Any) -> Any:
+        """Resolves once the relay is up with the engine imported (layouts are engine objects)."""
+        return relay.__ray_call__.remote(import_engine)
