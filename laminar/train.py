@@ -100,7 +100,8 @@ def train(
     """One run. `hook(runtime, step_metrics)` runs after every step (tests use it to inject failures)."""
 
     from laminar.relay.slots import sweep_stale
-    from laminar.runtime.launch import RUNTIME_STATE, Runtime, finish_checkpoint_swap, rewind_to_checkpoint
+    from laminar.runtime.checkpoint import RUNTIME_STATE, finish_checkpoint_swap, rewind_to_checkpoint
+    from laminar.runtime.launch import Runtime
     from laminar.schedules import Schedule
     from laminar.telemetry.console import Console
     from laminar.telemetry.recorder import Recorder
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"laminar train: bad configuration: {e}", file=sys.stderr)
         return 2
     if args.resume:
-        from laminar.runtime.launch import RUNTIME_STATE, finish_checkpoint_swap
+        from laminar.runtime.checkpoint import RUNTIME_STATE, finish_checkpoint_swap
         from laminar.trainer.state_files import CheckpointError, verify_checkpoint
 
         try:

@@ -21,6 +21,7 @@ from laminar.jsonio import write_json
 from laminar.manager.manager import RolloutFailure, RolloutManager
 from laminar.relay.relay import RelaySettings
 from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor, TrainerActor
+from laminar.runtime.checkpoint import RUNTIME_STATE, log_sizes
 from laminar.runtime.factory import Factory, use_cuda
 from laminar.schedules.schedule import Schedule
 from laminar.telemetry.recorder import Recorder, dumps
@@ -59,43 +60,6 @@ def _node_of(_actor: Any) -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-LOGS = ("metrics.jsonl", "trajectories.jsonl")  # append-only run logs, rewound to a checkpoint on resume
-
-
-def log_sizes(run_dir: Path) -> dict[str, int]:
-    """How long each run log is now: everything up to here belongs to the checkpoint being written."""
-    return {name: (run_dir / name).stat().st_size if (run_dir / name).exists() else 0 for name in LOGS}
-
-
-def finish_checkpoint_swap(checkpoint: Path) -> None:
-    """A kill between the two renames of `Runtime.checkpoint` leaves only `checkpoint.old`: take it back."""
-    old = checkpoint.with_name(checkpoint.name + ".old")
-    if not checkpoint.exists() and old.exists():
-        old.rename(checkpoint)
-
-
-def rewind_to_checkpoint(run_dir: Path, checkpoint: Path) -> dict[str, int]:
-    """Before a resume: the run logs end where the checkpoint was taken. What was logged after it (steps the
-    resumed run trains again) moves to `NAME.rolled-back` beside the log, so nothing is counted twice and
-    nothing is thrown away."""
-    sizes = read_json(checkpoint / RUNTIME_STATE, "prompt pool, buffer and in-flight frontier").get(
-        "logs", {}
-    )
-    moved = {}
-    for name in LOGS:
-        log, keep = run_dir / name, int(sizes.get(name, 0))
-        if not log.exists() or log.stat().st_size <= keep:
-            continue
-        with open(log, "rb+") as f:
-            f.seek(keep)
-            tail = f.read()
-            with open(run_dir / f"{name}.rolled-back", "ab") as dump:
-                dump.write(tail)
-            f.truncate(keep)
-        moved[name] = len(tail)
-    return moved
-
-
 def _close_publisher(actor: Any) -> None:
     """Unlink the trainer's publish slots in /dev/shm (ray.kill gives a process no chance to)."""
     if actor.publisher is not None:
@@ -104,9 +68,6 @@ def _close_publisher(actor: Any) -> None:
 
 def _check_finite(actor: Any) -> None:
     actor.trainer.check_finite()
-
-
-RUNTIME_STATE = "runtime_state.json"  # the run's pools and counters beside the trainer's files
 
 
 @dataclass

@@ -48,7 +48,7 @@ def _pid(actor) -> int:
     return ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=30)
 
 
-@pytest.mark.parametrize("victim", ["buffer", "manager"])
+@pytest.mark.parametrize("victim", ["buffer", "manager", "prompt_pool", "partial_pool"])
 def test_a_killed_control_actor_stops_the_run_and_resume_finishes_it(
     ray_cluster, tiny_model_dir, tmp_path, victim
 ):

@@ -3,7 +3,7 @@
 import json
 
 from laminar.jsonio import write_json
-from laminar.runtime.launch import RUNTIME_STATE, finish_checkpoint_swap, log_sizes, rewind_to_checkpoint
+from laminar.runtime.checkpoint import RUNTIME_STATE, finish_checkpoint_swap, log_sizes, rewind_to_checkpoint
 
 
 def lines(path):
