@@ -58,7 +58,13 @@ def test_every_shipped_config_loads(path, tiny_model_dir):
 
 def test_trainer_options_parse():
     cfg = load_config(
-        None, ["trainer.kl_coef=0.01", "trainer.mini_batches=4", "trainer.filter_groups=true", "run.wandb_project=x"]
+        None,
+        [
+            "trainer.kl_coef=0.01",
+            "trainer.mini_batches=4",
+            "trainer.filter_groups=true",
+            "run.wandb_project=x",
+        ],
     )
     t = cfg.trainer
     assert (t.kl_coef, t.mini_batches, t.filter_groups, cfg.run.wandb_project) == (0.01, 4, True, "x")

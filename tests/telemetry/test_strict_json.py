@@ -108,7 +108,11 @@ def test_one_line_unwraps_to_the_cause_and_keeps_its_first_line():
 def test_every_start_up_phase_is_shown_with_its_time_and_a_short_filtered_step_is_an_alert():
     out = io.StringIO()
     console = Console(every_s=5.0, stream=out, clock=lambda: 0.0)
-    for t, what in [(0.0, "starting Ray"), (0.4, "starting the trainer"), (2.25, "starting 3 rollout replicas")]:
+    for t, what in [
+        (0.0, "starting Ray"),
+        (0.4, "starting the trainer"),
+        (2.25, "starting 3 rollout replicas"),
+    ]:
         console.show({"kind": "phase", "t": t, "what": what})  # never rate-limited: each is a new phase
     assert out.getvalue().splitlines() == [
         "laminar: [   0.0s] starting Ray",
