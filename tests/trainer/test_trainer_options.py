@@ -80,3 +80,17 @@ def test_two_mini_batches_are_two_optimizer_updates_in_one_version():
 def test_a_group_with_equal_rewards_carries_no_signal():
     assert not informative([1.0, 1.0, 1.0]) and not informative([0.0, 0.0])
     assert informative([0.0, 0.5]) and informative([1.0, 1.0, 0.0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_reference_is_bf16_and_a_kl_step_runs(tmp_path):
+    start_dir = tmp_path / "start"
+    tiny_model().save_pretrained(start_dir)
+    grpo = GRPOConfig(kl_coef=0.1)
+    tr = Trainer(TrainerConfig(model_path=str(start_dir), lr=1e-2, threads=1, device="cuda", grpo=grpo))
+    assert all(p.dtype == torch.bfloat16 and p.is_cuda for p in tr.ref_model.parameters())
+    assert all(p.dtype == torch.float32 for p in tr.model.parameters())  # fp32 master weights
+    tr.train_step(make_groups(tr))
+    m = tr.train_step(make_groups(tr, seed=1))
+    assert m["kl"] > 0 and m["updates"] == 1 and not m["nonfinite"]
