@@ -98,7 +98,7 @@ def grpo_loss(
     per_token = -w * torch.minimum(ratio * advantages, clipped * advantages)
     kl = None
     if cfg.kl_coef > 0 and ref_logp is not None:
-        d = ref_logp.detach() - logp
+        d = torch.where(mask > 0, ref_logp.detach() - logp, 0.0)  # exp() of padding could overflow to inf
         kl = torch.exp(d) - d - 1.0  # k3 estimator of KL(pi || ref)
         per_token = per_token + cfg.kl_coef * kl
     loss = (per_token * mask).sum() / max(float(num_tokens), 1.0)
