@@ -36,6 +36,15 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _start_wandb(out_dir: str | Path, config: dict[str, Any], project: str) -> Any:
+    check_wandb(project)
+    import wandb
+
+    # Offline unless asked otherwise: a run never waits on the network (`wandb sync` uploads it later).
+    mode = os.environ.get("WANDB_MODE") or "offline"
+    return wandb.init(project=project, dir=str(out_dir), config=config, mode=mode)
+
+
 class Trackers:
     """One writer per backend; `log` takes a run-log record as the `Recorder` writes it."""
 
@@ -48,12 +57,11 @@ class Trackers:
         self.tensorboard = SummaryWriter(logdir=str(Path(out_dir) / "tensorboard"), flush_secs=10)
         self.wandb = None
         if wandb_project:
-            check_wandb(wandb_project)
-            import wandb
-
-            # Offline unless asked otherwise: a run never waits on the network (`wandb sync` uploads it later).
-            mode = os.environ.get("WANDB_MODE") or "offline"
-            self.wandb = wandb.init(project=wandb_project, dir=str(out_dir), config=config, mode=mode)
+            try:
+                self.wandb = _start_wandb(out_dir, config, wandb_project)
+            except BaseException:
+                self.tensorboard.close()
+                raise
 
     def log(self, record: dict[str, Any]) -> None:
         """At the record's own `step` if it has one, else at the last trainer step seen."""
