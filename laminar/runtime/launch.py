@@ -386,7 +386,12 @@ class Runtime:
             groups = self._take(min(count - len(kept), limit - taken))
         if len(kept) < count:
             self.recorder.log(
-                "filter_short", step=self.version + 1, kept=len(kept), wanted=count, taken=taken
+                "filter_short",
+                step=self.version + 1,
+                kept=len(kept),
+                wanted=count,
+                taken=taken,
+                why="trainer.filter_take_limit" if group_ids is None else "a batch in dispatch order",
             )
             if not kept:
                 kept, self.filtered = self.filtered[-count:], self.filtered[:-count]

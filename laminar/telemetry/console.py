@@ -22,9 +22,11 @@ def alert_line(record: dict[str, Any]) -> str | None:
     if kind == "replica_error":
         return f"replica {record.get('replica')}: its generation loop raised {record.get('error')}"
     if kind == "filter_short":
+        kept = record.get("kept")
         return (
-            f"step {record.get('step')}: only {record.get('kept')} of {record.get('wanted')} groups had unequal "
-            f"rewards after taking {record.get('taken')} (trainer.filter_take_limit); training on those"
+            f"step {record.get('step')}: only {kept} of {record.get('wanted')} groups had unequal rewards after "
+            f"taking {record.get('taken')} ({record.get('why')}); "
+            + ("training on those" if kept else "training on the last ones taken (no reward signal in them)")
         )
     if kind == "step" and record.get("nonfinite"):
         return (

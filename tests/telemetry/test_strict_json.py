@@ -119,5 +119,16 @@ def test_every_start_up_phase_is_shown_with_its_time_and_a_short_filtered_step_i
         "laminar: [   0.4s] starting the trainer",
         "laminar: [   2.2s] starting 3 rollout replicas",
     ]
-    line = console.show({"kind": "filter_short", "step": 3, "kept": 1, "wanted": 4, "taken": 16})
-    assert "step 3: only 1 of 4 groups had unequal rewards after taking 16" in line
+    short = {
+        "kind": "filter_short",
+        "step": 3,
+        "kept": 1,
+        "wanted": 4,
+        "taken": 16,
+        "why": "trainer.filter_take_limit",
+    }
+    line = console.show(short)
+    assert (
+        "step 3: only 1 of 4 groups had unequal rewards after taking 16 (trainer.filter_take_limit)" in line
+    )
+    assert line.endswith("training on those")
