@@ -76,6 +76,12 @@ class TrainerConfig:
     checkpoint_every: int = 20
     warmup_steps: int = 2  # steps excluded from the throughput window
     max_nonfinite_steps: int = 3  # non-finite loss or gradient: steps skipped in a row before the run stops
+    kl_coef: float = 0.0  # KL(policy || reference) penalty; > 0 loads a frozen copy of the starting weights
+    mini_batches: int = 1  # optimizer updates per trainer step (PPO-style); weights are published once a step
+    filter_groups: bool = (
+        False  # DAPO dynamic sampling: drop groups whose rewards are all equal, refill the step
+    )
+    filter_take_limit: int = 4  # filter_groups: take at most this many times groups_per_step groups a step
 
 
 @dataclass
@@ -122,6 +128,7 @@ class RunConfig:
     save_trajectories: bool = (
         True  # trained trajectories (token ids, versions, rewards) to trajectories.jsonl
     )
+    wandb_project: str = ""  # set: also log to Weights & Biases (offline unless WANDB_MODE=online)
 
 
 @dataclass
@@ -231,6 +238,19 @@ def _check(ok: bool, path: str, value: Any, valid: str) -> None:
         raise ConfigError(f"{path}={value!r} is invalid: {valid}")
 
 
+HIGH_LR = 1e-4
+
+
+def lr_warning(cfg: Config) -> str | None:
+    """The one line a real model's run prints when its learning rate is the demo's kind (the run goes on)."""
+    if not cfg.model.path or cfg.trainer.lr <= HIGH_LR:
+        return None
+    return (
+        f"warning: trainer.lr={cfg.trainer.lr:g} with model.path set: learning rates above {HIGH_LR:g} (the demo's "
+        "is 6e-4) wreck a pretrained model in a few steps; use 1e-6 to 1e-5"
+    )
+
+
 def validate(cfg: Config) -> None:
     _check(cfg.model.dtype in ("float32", "bfloat16"), "model.dtype", cfg.model.dtype, "float32 or bfloat16")
     _check(cfg.model.device in ("auto", "cpu", "cuda"), "model.device", cfg.model.device, "auto, cpu or cuda")
@@ -292,6 +312,14 @@ def validate(cfg: Config) -> None:
     _check(t.clip_high >= 0, "trainer.clip_high", t.clip_high, "non-negative")
     _check(t.correction in ("none", "tis", "mis"), "trainer.correction", t.correction, "none, tis or mis")
     _check(t.micro_batch >= 1, "trainer.micro_batch", t.micro_batch, "at least 1")
+    _check(t.kl_coef >= 0, "trainer.kl_coef", t.kl_coef, "0 (no reference model) or a positive number")
+    _check(
+        1 <= t.mini_batches <= t.groups_per_step * t.group_size,
+        "trainer.mini_batches",
+        t.mini_batches,
+        f"between 1 and the step's trajectories (groups_per_step x group_size = {t.groups_per_step * t.group_size})",
+    )
+    _check(t.filter_take_limit >= 1, "trainer.filter_take_limit", t.filter_take_limit, "at least 1")
     _check(t.max_nonfinite_steps >= 1, "trainer.max_nonfinite_steps", t.max_nonfinite_steps, "at least 1")
     _check(cfg.relay.chunk_mb > 0, "relay.chunk_mb", cfg.relay.chunk_mb, "a positive size in MB")
     _check(cfg.relay.slots >= 2, "relay.slots", cfg.relay.slots, "at least 2 (one complete, one arriving)")

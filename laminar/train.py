@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from laminar.config import Config, ConfigError, load_config
+from laminar.config import Config, ConfigError, load_config, lr_warning
 
 
 def resolve_model(cfg: Config) -> str:
@@ -50,6 +50,9 @@ def check_inputs(cfg: Config) -> None:
         from laminar.data.dataset import load_jsonl
 
         load_jsonl(cfg.task.name, required={"prompt": str})
+    from laminar.telemetry.tracking import check_wandb
+
+    check_wandb(cfg.run.wandb_project)
 
 
 def start_ray(cfg: Config) -> None:
@@ -85,7 +88,9 @@ class Progress:
         print(
             f"step {m['version']:3d}/{self.steps}  t {time.time() - self.t0:6.1f}s  reward {m['reward_mean']:.3f}"
             f" (ma5 {ma:.3f})  tokens {m['tokens']:5d}  staleness mean {sum(st) / len(st):.2f} max {max(st)}"
-            f"  stall {1000 * m['stall_s']:.1f} ms  |logp train-rollout| {m.get('logprob_mismatch_abs', 0.0):.4f}",
+            f"  stall {1000 * m['stall_s']:.1f} ms  |logp train-rollout| {m.get('logprob_mismatch_abs', 0.0):.4f}"
+            + (f"  kl {m['kl']:.4f}" if "kl" in m else "")
+            + (f"  filtered {m['filtered_groups']}" if "filtered_groups" in m else ""),
             flush=True,
         )
 
@@ -105,6 +110,7 @@ def train(
     from laminar.schedules import Schedule
     from laminar.telemetry.console import Console
     from laminar.telemetry.recorder import Recorder
+    from laminar.telemetry.tracking import Trackers
     from laminar.trainer.state_files import verify_checkpoint
 
     out.mkdir(parents=True, exist_ok=True)
@@ -119,13 +125,23 @@ def train(
     if resume:  # every checkpoint file parses (as data, never as code) before any actor starts
         verify_checkpoint(ckpt, RUNTIME_STATE)
         rewind_to_checkpoint(out, ckpt)  # the logs end where the checkpoint does
-    model_path = resolve_model(cfg)
-    sweep_stale()  # shared memory left by killed runs on this (the driver's) node
-    start_ray(cfg)
-    schedule = Schedule.from_config(cfg)
-    recorder = Recorder(out, console=None if quiet else Console())
+    warning = lr_warning(cfg)
+    if warning:
+        print(f"laminar: {warning}", file=sys.stderr, flush=True)
+    t0 = time.time()
+    trackers = Trackers(out, t0, cfg.to_dict(), cfg.run.wandb_project)
+    recorder = Recorder(out, t0=t0, console=None if quiet else Console(), trackers=trackers)
     rt = None
     try:
+        # Start-up phases go to the console as they begin (a slow start never looks like a hang).
+        recorder.log(
+            "phase", what=f"checking the model {cfg.model.path}" if cfg.model.path else "the demo's model"
+        )
+        model_path = resolve_model(cfg)
+        sweep_stale()  # shared memory left by killed runs on this (the driver's) node
+        recorder.log("phase", what="starting Ray")
+        start_ray(cfg)
+        schedule = Schedule.from_config(cfg)
         rt = Runtime.start(cfg, model_path, recorder, schedule, resume=ckpt if resume else None)
         return _run(cfg, out, rt, schedule, recorder, resume, quiet, hook, model_path)
     finally:
@@ -163,6 +179,8 @@ def _run(
     progress = (lambda m: None) if quiet else Progress(cfg.trainer.steps, time.time())
 
     def on_step(m: dict[str, Any]) -> None:
+        if m["version"] == start_version + 1:
+            recorder.log("phase", what=f"first step trained; weights of version {m['version']} published")
         progress(m)
         if hook is not None:
             hook(rt, m)
@@ -214,6 +232,7 @@ def _run(
             "restarted_on_resume": rt.restarted_on_resume,
             "repacks": end["repacks"],
             "failures": {**end["failures"], "trainer": rt.trainer_restarts},
+            "filtered_groups": audit.filtered_groups,  # trainer.filter_groups: set aside, every segment
         },
     )
     write_json(out / "summary.json", summary)

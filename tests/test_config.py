@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar.config import ConfigError, load_config
+from laminar.config import ConfigError, load_config, lr_warning
 
 
 def test_defaults_are_the_demo_and_valid():
@@ -29,6 +29,11 @@ def test_yaml_then_overrides(tmp_path):
         ("trainer.group_size=1", ["trainer.group_size", "at least 2"]),
         ("rollout", ["section.field=value"]),
         ("buffer.sampler=lifo", ["buffer.sampler", "oldest", "module:function"]),
+        ("trainer.kl_coef=-0.1", ["trainer.kl_coef", "0 (no reference model)"]),
+        ("trainer.mini_batches=0", ["trainer.mini_batches", "between 1 and"]),
+        ("trainer.mini_batches=1000", ["trainer.mini_batches", "groups_per_step x group_size = 128"]),
+        ("trainer.filter_groups=maybe", ["trainer.filter_groups", "true or false"]),
+        ("trainer.filter_take_limit=0", ["trainer.filter_take_limit", "at least 1"]),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_valid(override, names):
@@ -49,3 +54,26 @@ def test_every_shipped_config_loads(path, tiny_model_dir):
     written on the machine that runs them, so a local one stands in)."""
     cfg = load_config(path, [f"model.path={tiny_model_dir}"])
     assert cfg.model.path == str(tiny_model_dir)
+
+
+def test_trainer_options_parse():
+    cfg = load_config(
+        None,
+        [
+            "trainer.kl_coef=0.01",
+            "trainer.mini_batches=4",
+            "trainer.filter_groups=true",
+            "run.wandb_project=x",
+        ],
+    )
+    t = cfg.trainer
+    assert (t.kl_coef, t.mini_batches, t.filter_groups, cfg.run.wandb_project) == (0.01, 4, True, "x")
+    assert (load_config().trainer.kl_coef, load_config().trainer.filter_groups) == (0.0, False)
+
+
+def test_a_demo_learning_rate_on_a_real_model_warns_in_one_line(tiny_model_dir):
+    assert lr_warning(load_config()) is None  # the demo's own model: its lr is right for it
+    assert lr_warning(load_config(None, [f"model.path={tiny_model_dir}", "trainer.lr=1e-5"])) is None
+    line = lr_warning(load_config(None, [f"model.path={tiny_model_dir}"]))
+    assert "trainer.lr=0.0006" in line and "1e-6 to 1e-5" in line
+    assert "\n" not in line

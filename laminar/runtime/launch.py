@@ -25,6 +25,7 @@ from laminar.runtime.checkpoint import RUNTIME_STATE, log_sizes
 from laminar.runtime.factory import Factory, use_cuda
 from laminar.schedules.schedule import Schedule
 from laminar.telemetry.recorder import Recorder, dumps
+from laminar.trainer.grpo import informative
 from laminar.trainer.state_files import read_json
 
 
@@ -91,6 +92,8 @@ class Runtime:
     last_checkpoint: Path | None = None
     since_checkpoint: list[list[list[Trajectory]]] = field(default_factory=list)  # batches to replay
     trainer_restarts: int = 0
+    filtered: list[list[Trajectory]] = field(default_factory=list)  # set aside by `take`, recorded by `train`
+    consumed_early: int = 0  # groups of the coming step already counted as consumed by the manager
 
     # ---- start ---------------------------------------------------------------------------------------------
     @classmethod
@@ -115,6 +118,7 @@ class Runtime:
         t, r, cuda = cfg.trainer, cfg.rollout, use_cuda(cfg)
         codec = TaskCodec.from_dir(model_path)
         # The control plane lives on the driver's machine: losing any other machine never takes it down.
+        recorder.log("phase", what="placing the prompt pool, experience buffer and manager")
         here = on_driver_node()
         rt.prompt_pool = PromptPoolActor.options(**here).remote(
             dataset_rows(cfg), codec.encode_prompt, t.group_size, seed=cfg.run.seed
@@ -140,6 +144,7 @@ class Runtime:
             proximal="behaviour" if t.correction == "none" else "trainer",
             is_correction=t.correction,
             is_cap=t.is_cap,
+            kl_coef=t.kl_coef,
         )
         plain = PlainTrainerConfig(
             model_path=model_path,
@@ -147,6 +152,7 @@ class Runtime:
             weight_decay=t.weight_decay,
             grad_clip=t.max_grad_norm,
             micro_batch_size=t.micro_batch,
+            mini_batches=t.mini_batches,
             seed=cfg.run.seed,
             threads=max(1, int(t.num_cpus)),
             grpo=grpo,
@@ -157,6 +163,10 @@ class Runtime:
         # The trainer (and so the master relay and the checkpoint writes) prefers the driver's machine too.
         resources = {"num_cpus": t.num_cpus, "num_gpus": t.num_gpus if cuda else 0}
         rt.trainer_spec = ({**resources, **on_driver_node(soft=True)}, plain)
+        recorder.log(
+            "phase",
+            what="starting the trainer (loads the policy" + (" and the KL reference)" if t.kl_coef else ")"),
+        )
         rt.trainer = TrainerActor.options(**rt.trainer_spec[0]).remote(plain, cfg.relay.slots)
         trainer_node = ray.get(rt.trainer.node_id.remote(), timeout=cfg.run.timeout_s)
         # One secret per run, handed to every relay through Ray: only this run's relays may feed the tier.
@@ -176,6 +186,7 @@ class Runtime:
         ray.get(rt.trainer.attach_master.remote(master), timeout=cfg.run.timeout_s)
         rt.relays = [master]
         if resume is not None:
+            recorder.log("phase", what=f"restoring the checkpoint {resume}")
             rt.restore(resume)
             # the replicas start from the checkpoint's weights, at its version
             factory.engine_path, factory.version = str(resume), rt.version
@@ -187,16 +198,59 @@ class Runtime:
         )
         # The manager starts the replicas, a relay on each of their machines and the chain; it makes every
         # replacement later with the same factory.
+        recorder.log(
+            "phase",
+            what=f"starting {r.replicas} rollout replicas and the relay chain (each replica loads the model and "
+            "warms up its engine" + (", capturing CUDA graphs)" if cuda else ")"),
+        )
         rt.relays = ray.get(
             rt.manager.start.remote(factory, master, trainer_node, r.replicas), timeout=cfg.run.timeout_s * 2
         )
         rt.replicas = ray.get(rt.manager.live_replicas.remote(), timeout=cfg.run.timeout_s)
+        recorder.log(
+            "phase", what=f"generating: the first step waits for {t.groups_per_step} complete groups"
+        )
         return rt
 
     # ---- the operations schedules are made of --------------------------------------------------------------
     def take(self, count: int, group_ids: range | None = None) -> list[list[Trajectory]]:
         """Complete groups from the experience buffer, waiting for them with the run's timeout: FIFO by
-        completion, or exactly `group_ids` (a whole batch in dispatch order, for the bounded schedules)."""
+        completion, or exactly `group_ids` (a whole batch in dispatch order, for the bounded schedules).
+
+        With `trainer.filter_groups` (DAPO's dynamic sampling) a group whose rewards are all equal is set aside
+        and the step is filled from the buffer again, until `count` groups carry a signal or
+        `trainer.filter_take_limit` x `count` groups were taken; then the step trains on what there is (all of
+        the last `count` taken if none differ), and a `filter_short` record says so. A batch in dispatch order
+        is filtered but not refilled: the dispatch bound fixes its groups."""
+        groups = self._take(count, group_ids)
+        if not self.cfg.trainer.filter_groups:
+            return groups
+        kept, taken, limit = [], 0, self.cfg.trainer.filter_take_limit * count
+        while True:
+            taken += len(groups)
+            dropped = [g for g in groups if not informative([t.reward for t in g])]
+            kept += [g for g in groups if informative([t.reward for t in g])]
+            if dropped:  # consumed now, so the dispatch bound makes room for the groups that replace them
+                self.filtered += dropped
+                self.consumed_early += len(dropped)
+                self.manager.trainer_update.remote(self.version, len(dropped))
+            if len(kept) >= count or group_ids is not None or taken >= limit:
+                break
+            groups = self._take(min(count - len(kept), limit - taken))
+        if len(kept) < count:
+            self.recorder.log(
+                "filter_short",
+                step=self.version + 1,
+                kept=len(kept),
+                wanted=count,
+                taken=taken,
+                why="trainer.filter_take_limit" if group_ids is None else "a batch in dispatch order",
+            )
+            if not kept:
+                kept, self.filtered = self.filtered[-count:], self.filtered[:-count]
+        return kept
+
+    def _take(self, count: int, group_ids: range | None = None) -> list[list[Trajectory]]:
         ids = None if group_ids is None else list(group_ids)
         ref = self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids)
         while not ray.wait([ref], timeout=1.0)[0]:  # meanwhile, once a second: are the rollouts still alive?
@@ -222,8 +276,9 @@ class Runtime:
         # The step is committed by the last line below (`self.version = v`): an interrupt anywhere before it
         # leaves the run's record one version behind the trainer, and `checkpoint` refuses to write that.
         v = m["version"]
+        filtered = self.filtered
         self.since_checkpoint.append(groups)
-        self.buffer.trained.remote([g[0].group_id for g in groups])
+        self.buffer.trained.remote([g[0].group_id for g in groups + filtered])
         chain = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
         if chain and chain[0]._actor_id != self.relays[0]._actor_id:  # the master relay was replaced
             ray.get(self.trainer.attach_master.remote(chain[0]), timeout=self.cfg.run.timeout_s)
@@ -242,22 +297,30 @@ class Runtime:
             ):  # a relay died: the manager rebuilt the chain
                 self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
             m["stall_s"] += time.time() - t
-        self.manager.trainer_update.remote(v, len(groups))
+        self.manager.trainer_update.remote(v, len(groups) + len(filtered) - self.consumed_early)
         if self.cfg.run.save_trajectories:
-            self._save_trajectories(groups, v)
+            self._save_trajectories(groups, v, filtered)
         rec = self.recorder
         rec.log("publish", t=m["t_publish"], version=v, stall_s=m["stall_s"])
         traj_ids = m.pop("traj_ids")
+        if self.cfg.trainer.filter_groups:  # consumed without training: the audit counts them apart
+            m["filtered_groups"] = len(filtered)
+            m["filtered_ids"] = [t.traj_id for g in filtered for t in g]
         rec.log("step", step=v, **{k: x for k, x in m.items() if k not in ("t_start", "t_publish")})
         self.trained_ids.update(traj_ids)
+        self.filtered, self.consumed_early = [], 0
         self.version = v
         self.collect()
         return m
 
-    def _save_trajectories(self, groups: list[list[Trajectory]], version: int) -> None:
-        """What was trained, as data: `trajectories.jsonl` in the run folder (one line per trajectory)."""
+    def _save_trajectories(
+        self, groups: list[list[Trajectory]], version: int, filtered: list[list[Trajectory]] = ()
+    ) -> None:
+        """What was trained, as data: `trajectories.jsonl` in the run folder (one line per trajectory); those
+        the step set aside (`trainer.filter_groups`) follow with `filtered: true`."""
+        rows = [(t, False) for g in groups for t in g] + [(t, True) for g in filtered for t in g]
         with open(self.recorder.out_dir / "trajectories.jsonl", "a") as f:
-            for t in (t for g in groups for t in g):
+            for t, dropped in rows:
                 row = {
                     "traj_id": t.traj_id,
                     "group_id": t.group_id,
@@ -268,6 +331,7 @@ class Runtime:
                     "finish_reason": t.finish_reason,
                     "prompt_ids": t.prompt_ids,
                     "response_ids": t.response_ids,
+                    **({"filtered": True} if dropped else {}),
                 }
                 f.write(dumps(row) + "\n")  # strict JSON, as every file of the run
 

@@ -5,7 +5,8 @@ The records it reads, all in `metrics.jsonl` (plus `trajectories.jsonl` when the
 - `segment`: one per `laminar train` (a resume starts a new one), with the group size and how many groups the
   prompt pool had issued when it started;
 - `step`: the ids trained by each trainer step (a step skipped for a non-finite loss consumed its ids without
-  training on them: they are lost, for that reason);
+  training on them: they are lost, for that reason), and with `trainer.filter_groups` the ids it set aside
+  (`filtered_ids`: groups whose rewards were all equal, consumed without training; accounted for, not lost);
 - `end`: what a segment left behind when it stopped: groups issued, ids in flight, held by the buffer, queued
   for re-issue, and ids the buffer dropped with the reason (evicted, stale).
 
@@ -37,6 +38,8 @@ class Audit:
     segments: int = 0
     issued: int = 0  # trajectory ids issued (every sample of every group)
     trained: int = 0  # distinct ids trained by the steps kept
+    filtered: int = 0  # ids consumed without training: their group's rewards were all equal (filter_groups)
+    filtered_groups: int = 0
     rolled_back_steps: int = 0  # step records of a segment, past the checkpoint the next segment resumed from
     pending: int = 0  # issued, not trained yet, and in flight, in the buffer or queued at the end: not lost
     duplicated: dict[str, int] = field(default_factory=dict)  # id -> times trained, when more than once
@@ -58,6 +61,7 @@ class Audit:
         return {
             "issued": self.issued,
             "trained": self.trained,
+            "filtered": self.filtered,
             "lost": len(self.lost),
             "duplicated": sum(n - 1 for n in self.duplicated.values()),
         }
@@ -94,8 +98,8 @@ def audit_records(
     """The audit of one run from its records (`metrics.jsonl` rows, in order) and, if saved, its
     `trajectories.jsonl` rows. `group_size` is only needed for runs written before segments were recorded."""
     audit = Audit()
-    # step -> ({id: versions of its tokens}, skipped for a non-finite loss)
-    steps: list[tuple[int, tuple[dict[str, list[int]], bool]]] = []
+    # step -> ({id: versions of its tokens}, skipped for a non-finite loss, ids set aside by filter_groups)
+    steps: list[tuple[int, tuple[dict[str, list[int]], bool, list[str]]]] = []
     last_start: dict[str, Any] = {}
     last_end: dict[str, Any] | None = None
     dispatched: set[int] = set()  # by the last segment
@@ -106,7 +110,9 @@ def audit_records(
             last_start, last_end, dispatched = r, None, set()
             group_size = r.get("group_size", group_size)
         elif kind == "step":
-            steps.append((r["step"], (r["traj_versions"], bool(r.get("nonfinite")))))
+            steps.append(
+                (r["step"], (r["traj_versions"], bool(r.get("nonfinite")), r.get("filtered_ids", [])))
+            )
         elif kind == "dispatch":
             dispatched.update(r["groups"])
         elif kind == "end":
@@ -116,26 +122,33 @@ def audit_records(
         raise ValueError("audit: the records name no group size (no `segment` record and no config)")
 
     kept, audit.rolled_back_steps = _lineage(steps)
-    times = Counter(tid for ids, skipped in kept.values() if not skipped for tid in ids)
-    consumed = Counter(tid for ids, _ in kept.values() for tid in ids)
-    skipped = {tid for ids, skip in kept.values() if skip for tid in ids} - set(times)
+    times = Counter(tid for ids, skipped, _ in kept.values() if not skipped for tid in ids)
+    consumed = Counter(tid for ids, _, _ in kept.values() for tid in ids)
+    skipped = {tid for ids, skip, _ in kept.values() if skip for tid in ids} - set(times)
+    filtered = Counter(tid for _, _, ids in kept.values() for tid in ids)
     audit.trained = len(times)
+    audit.filtered, audit.filtered_groups = len(filtered), len({group_of(t) for t in filtered})
+    twice = sorted(tid for tid, n in filtered.items() if n > 1 or tid in consumed)
+    if twice:
+        audit.problems.append(f"set aside by filter_groups and also trained or set aside again: {twice[:5]}")
     audit.duplicated = {tid: n for tid, n in sorted(times.items()) if n > 1}
 
     if trajectories is not None:
-        order: list[tuple[int, list[str]]] = []
+        order: list[tuple[int, list[tuple[str, bool]]]] = []
         for row in trajectories:  # rows of one step are consecutive; a step number going back is a resume
             step = row["trained_at"]
             if not order or order[-1][0] != step:
                 order.append((step, []))
-            order[-1][1].append(row["traj_id"])
+            order[-1][1].append((row["traj_id"], bool(row.get("filtered"))))
         by_step, _ = _lineage(order)
-        saved = Counter(tid for ids in by_step.values() for tid in ids)
-        if saved != consumed:
-            differ = sorted(set(saved.items()) ^ set(consumed.items()))[:5]
-            audit.problems.append(
-                f"trajectories.jsonl and metrics.jsonl disagree on what was trained (e.g. {differ})"
-            )
+        saved = Counter(tid for rows in by_step.values() for tid, aside in rows if not aside)
+        saved_aside = Counter(tid for rows in by_step.values() for tid, aside in rows if aside)
+        for what, files, records in (("trained", saved, consumed), ("set aside", saved_aside, filtered)):
+            if files != records:
+                differ = sorted(set(files.items()) ^ set(records.items()))[:5]
+                audit.problems.append(
+                    f"trajectories.jsonl and metrics.jsonl disagree on what was {what} (e.g. {differ})"
+                )
 
     if last_end is not None:
         issued_groups = last_end["issued_groups"]
@@ -150,7 +163,7 @@ def audit_records(
             f"segment {audit.segments} has no `end` record (the run did not stop cleanly): what it had in "
             "flight is unknown; resume it (`laminar train --resume RUN_DIR`) and audit again"
         )
-    mixed = sorted(g for versions, _ in kept.values() for g in _mixed_groups(versions))
+    mixed = sorted(g for versions, _, _ in kept.values() for g in _mixed_groups(versions))
     if mixed:
         audit.problems.append(f"groups trained with samples of different versions: {mixed[:5]}")
     beyond = sorted(g for g in dispatched if g >= issued_groups)
@@ -158,7 +171,7 @@ def audit_records(
         audit.problems.append(
             f"groups {beyond[:5]} were dispatched but the prompt pool counts {issued_groups}"
         )
-    never_issued = sorted(tid for tid in consumed if group_of(tid) >= issued_groups)
+    never_issued = sorted(tid for tid in consumed + filtered if group_of(tid) >= issued_groups)
     if never_issued:
         audit.problems.append(f"trained but never issued: {never_issued[:5]} ({len(never_issued)} in all)")
 
@@ -166,7 +179,7 @@ def audit_records(
     for g in range(issued_groups):
         for i in range(group_size):
             tid = traj_id(g, i)
-            if tid in times:
+            if tid in times or tid in filtered:
                 continue
             if tid in skipped:
                 audit.lost[tid] = "skipped_step"
@@ -210,7 +223,9 @@ def report(audit: Audit) -> str:
     """A few lines a person reads: the counts, then each kind of fault with a few ids."""
     reasons = Counter(audit.lost.values())
     lines = [
-        f"segments {audit.segments}, issued {audit.issued}, trained {audit.trained}, pending at end "
+        f"segments {audit.segments}, issued {audit.issued}, trained {audit.trained}"
+        + (f", set aside by filter_groups {audit.filtered}" if audit.filtered else "")
+        + f", pending at end "
         f"{audit.pending}, lost {len(audit.lost)}"
         + (f" ({', '.join(f'{why} {n}' for why, n in sorted(reasons.items()))})" if reasons else "")
         + f", duplicated {audit.counts()['duplicated']}",

@@ -1,6 +1,6 @@
 """The few run events a person watching the console must see (reward errors, dead replicas, skipped steps), one
 line each and rate-limited per kind, so a reward function failing on every row prints a line every few seconds,
-not thousands. The full records are in `metrics.jsonl`."""
+not thousands; and the start-up phases, every one as it begins. The full records are in `metrics.jsonl`."""
 
 from __future__ import annotations
 
@@ -21,6 +21,13 @@ def alert_line(record: dict[str, Any]) -> str | None:
         )
     if kind == "replica_error":
         return f"replica {record.get('replica')}: its generation loop raised {record.get('error')}"
+    if kind == "filter_short":
+        kept = record.get("kept")
+        return (
+            f"step {record.get('step')}: only {kept} of {record.get('wanted')} groups had unequal rewards after "
+            f"taking {record.get('taken')} ({record.get('why')}); "
+            + ("training on those" if kept else "training on the last ones taken (no reward signal in them)")
+        )
     if kind == "step" and record.get("nonfinite"):
         return (
             f"step {record.get('step')}: the loss or the gradient norm is NaN or inf; step skipped, weights "
@@ -44,6 +51,10 @@ class Console:
     def show(self, record: dict[str, Any]) -> str | None:
         """Print the record's line if it is an alert and its kind is not rate-limited now; returns what it
         printed."""
+        if record["kind"] == "phase":  # start-up: every phase as it begins, with the seconds since the start
+            text = f"laminar: [{record['t']:6.1f}s] {record['what']}"
+            print(text, file=self.stream or sys.stderr, flush=True)
+            return text
         line = alert_line(record)
         if line is None:
             return None

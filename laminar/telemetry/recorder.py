@@ -11,17 +11,26 @@ from typing import Any
 
 from laminar.jsonio import dumps, finite_or_null, write_json
 from laminar.telemetry.console import Console
+from laminar.telemetry.tracking import Trackers
 
 __all__ = ["Recorder", "dumps", "finite_or_null", "write_json"]
 
 
 class Recorder:
-    def __init__(self, out_dir: str | Path, t0: float | None = None, console: Console | None = None) -> None:
-        """`console`: where the records a person must see (errors, skipped steps) are also shown."""
+    def __init__(
+        self,
+        out_dir: str | Path,
+        t0: float | None = None,
+        console: Console | None = None,
+        trackers: Trackers | None = None,
+    ) -> None:
+        """`console`: where the records a person must see (errors, skipped steps) are also shown; `trackers`:
+        TensorBoard and W&B, given every record (the driver's recorder only)."""
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time() if t0 is None else t0
         self.console = console
+        self.trackers = trackers
         self.records: list[dict[str, Any]] = []
         self._file = open(self.out_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 - lives with the run
 
@@ -33,6 +42,8 @@ class Recorder:
         self._file.write(dumps(record) + "\n")
         if self.console is not None:
             self.console.show(record)
+        if self.trackers is not None:
+            self.trackers.log(record)
         return record
 
     def of(self, kind: str) -> list[dict[str, Any]]:
@@ -40,5 +51,7 @@ class Recorder:
 
     def close(self) -> None:
         self._file.close()
+        if self.trackers is not None:
+            self.trackers.close()
         if self.console is not None:
             self.console.flush()

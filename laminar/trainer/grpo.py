@@ -48,6 +48,12 @@ def group_advantages(rewards: list[list[float]], eps: float = 1e-6) -> list[list
     return out
 
 
+def informative(rewards: list[float]) -> bool:
+    """A group whose rewards are all equal has zero advantage on every token: no GRPO signal. DAPO's dynamic
+    sampling drops such groups rather than spend a step's slots on them."""
+    return len(set(rewards)) > 1
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Log-prob of each target under softmax(logits / T), the same quantity the engine records."""
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -90,9 +96,11 @@ def grpo_loss(
     ratio = torch.exp(logp - old.detach())
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     per_token = -w * torch.minimum(ratio * advantages, clipped * advantages)
+    kl = None
     if cfg.kl_coef > 0 and ref_logp is not None:
-        d = ref_logp.detach() - logp
-        per_token = per_token + cfg.kl_coef * (torch.exp(d) - d - 1.0)  # k3 estimator of KL(pi || ref)
+        d = torch.where(mask > 0, ref_logp.detach() - logp, 0.0)  # exp() of padding could overflow to inf
+        kl = torch.exp(d) - d - 1.0  # k3 estimator of KL(pi || ref)
+        per_token = per_token + cfg.kl_coef * kl
     loss = (per_token * mask).sum() / max(float(num_tokens), 1.0)
 
     with torch.no_grad():
@@ -110,4 +118,6 @@ def grpo_loss(
             "mismatch_kl_sum": float(((torch.exp(train_vs_rollout) - 1.0 - train_vs_rollout) * mask).sum()),
             "tokens": float(mask.sum()),
         }
+        if kl is not None:
+            metrics["kl_sum"] = float((kl * mask).sum())
     return loss, metrics

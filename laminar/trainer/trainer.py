@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -103,15 +104,25 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
-        self.ref_model = None
-        if cfg.grpo.kl_coef > 0:
-            self.ref_model = type(self.model)(self.model.config).to(self.device).eval()
-            self.ref_model.load_state_dict(self.model.state_dict())
-            self.ref_model.requires_grad_(False)
+        # The KL reference is the starting policy, frozen; never saved: a resumed or restarted trainer loads it
+        # again from the same starting weights, so a checkpoint holds the policy alone.
+        self.ref_model = self._load_reference(model) if cfg.grpo.kl_coef > 0 else None
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self.version = 0
         self.nonfinite_steps = 0  # skipped steps, all told
         self.nonfinite_in_a_row = 0
+
+    def _load_reference(self, model: PreTrainedModel | None) -> PreTrainedModel:
+        """A frozen copy of the starting weights, in eval mode; bf16 on CUDA (it only ever runs under bf16
+        autocast there, and it halves its memory), float32 on CPU."""
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        if model is not None:  # given in memory: copy it before the first update
+            ref = copy.deepcopy(self.model).to(dtype)
+        else:
+            path = check_model_dir(self.cfg.model_path)
+            ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)
+        ref.requires_grad_(False)
+        return ref.eval()
 
     # ---- the step -------------------------------------------------------------------------------------------
 
@@ -136,11 +147,11 @@ class Trainer:
         proximal = None
         if self.cfg.grpo.proximal == "trainer":
             proximal = self._logprobs_no_grad(self.model, trajs)
-        ref = self._logprobs_no_grad(self.ref_model, trajs) if self.ref_model is not None else None
 
         sums: dict[str, float] = {}
         losses, grad_norms = [], []
         nonfinite = False
+        updates = 0
         for mb in np.array_split(np.arange(len(trajs)), self.cfg.mini_batches):
             mb = mb.tolist()
             if not mb:
@@ -152,6 +163,10 @@ class Trainer:
                 idx = mb[start : start + self.cfg.micro_batch_size]
                 batch = self._collate([trajs[i] for i in idx], [adv_of[i] for i in idx])
                 logp = self._forward_logprobs(self.model, batch)
+                ref = None
+                if self.ref_model is not None:
+                    with torch.no_grad():
+                        ref = self._forward_logprobs(self.ref_model, batch)
                 loss, m = grpo_loss(
                     logp,
                     batch["behaviour"],
@@ -160,7 +175,7 @@ class Trainer:
                     self.cfg.grpo,
                     num_tokens,
                     proximal=self._pad_like([proximal[i] for i in idx], batch) if proximal else None,
-                    ref_logp=self._pad_like([ref[i] for i in idx], batch) if ref else None,
+                    ref_logp=ref,
                 )
                 loss.backward()
                 mb_loss += loss.detach().item()
@@ -175,6 +190,7 @@ class Trainer:
                 nonfinite = True
                 break
             self.optimizer.step()
+            updates += 1
 
         self._count_nonfinite(nonfinite, losses, grad_norms)
         lags = [staleness(self.version, t.version) for t in trajs]
@@ -200,6 +216,8 @@ class Trainer:
             "is_masked_frac": sums.get("is_masked_sum", 0.0) / n_tok,
             "logprob_mismatch_abs": sums.get("mismatch_abs_sum", 0.0) / n_tok,
             "logprob_mismatch_kl": sums.get("mismatch_kl_sum", 0.0) / n_tok,
+            "updates": updates,
+            **({"kl": sums.get("kl_sum", 0.0) / n_tok} if self.ref_model is not None else {}),
             "step_time_s": time.perf_counter() - t0,
             "nonfinite": nonfinite,
             "nonfinite_steps": self.nonfinite_steps,

@@ -34,7 +34,7 @@ def test_every_issued_trajectory_trained_once_or_pending_is_ok():
     assert not a.ok and a.unexplained == ["3:1"]
     a = audit_records([segment(), step(1, 0), step(2, 1), end(4, in_flight=["2:0", "2:1"], queued=[3])])
     assert a.ok and (a.issued, a.trained, a.pending) == (8, 4, 4)
-    assert a.counts() == {"issued": 8, "trained": 4, "lost": 0, "duplicated": 0}
+    assert a.counts() == {"issued": 8, "trained": 4, "filtered": 0, "lost": 0, "duplicated": 0}
 
 
 def test_a_trajectory_trained_twice_is_reported():
@@ -97,3 +97,50 @@ def test_the_command_reads_a_run_folder_and_exits_non_zero_on_a_fault(tmp_path, 
     assert "DUPLICATED: 2 ids" in out and out.strip().endswith("FAILED")
     assert main(["audit", str(tmp_path / "nope")]) == 2
     assert "holds no metrics.jsonl" in capsys.readouterr().err
+
+
+def filtering_step(s: int, trained: list[int], aside: list[int]) -> dict:
+    r = step(s, *trained)
+    r["filtered_groups"] = len(aside)
+    r["filtered_ids"] = [f"{g}:{i}" for g in aside for i in (0, 1)]
+    return r
+
+
+def rows(s: int, trained: list[int], aside: list[int]) -> list[dict]:
+    """trajectories.jsonl rows of one step: trained first, then those set aside (`filtered: true`)."""
+    out = [{"traj_id": f"{g}:{i}", "trained_at": s} for g in trained for i in (0, 1)]
+    return out + [{"traj_id": f"{g}:{i}", "trained_at": s, "filtered": True} for g in aside for i in (0, 1)]
+
+
+def test_groups_set_aside_by_filter_groups_are_accounted_for_not_lost():
+    records = [segment(), filtering_step(1, [0], [1, 2]), filtering_step(2, [4], [3]), end(5)]
+    a = audit_records(records, rows(1, [0], [1, 2]) + rows(2, [4], [3]))
+    assert a.ok and not a.lost, a.problems
+    assert (a.trained, a.filtered, a.filtered_groups) == (4, 6, 3)
+    assert a.counts() == {"issued": 10, "trained": 4, "filtered": 6, "lost": 0, "duplicated": 0}
+    # the same run without the record of what was set aside: those ids are nowhere
+    a = audit_records([segment(), step(1, 0), step(2, 4), end(5)])
+    assert not a.ok and a.unexplained == ["1:0", "1:1", "2:0", "2:1", "3:0", "3:1"]
+
+
+def test_a_group_set_aside_and_also_trained_or_saved_differently_is_a_fault():
+    a = audit_records([segment(), filtering_step(1, [0], [1]), filtering_step(2, [1], []), end(2)])
+    assert not a.ok and "set aside by filter_groups and also trained" in a.problems[0]
+    records = [segment(), filtering_step(1, [0], [1]), end(2)]
+    a = audit_records(records, rows(1, [0, 1], []))  # the file says trained, the step says set aside
+    assert not a.ok and any("disagree on what was set aside" in p for p in a.problems)
+
+
+def test_a_rolled_back_step_takes_what_it_set_aside_with_it():
+    """Resumed from the checkpoint at step 1: step 2's groups were generated again and trained at step 2."""
+    records = [
+        segment(),
+        filtering_step(1, [0], []),
+        filtering_step(2, [1], [2]),
+        end(3),
+        segment(3, resumed_at=1),
+        filtering_step(2, [2], [1]),
+        end(3),
+    ]
+    a = audit_records(records)
+    assert a.ok and (a.trained, a.filtered, a.rolled_back_steps) == (4, 2, 1)

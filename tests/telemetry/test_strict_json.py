@@ -103,3 +103,32 @@ def test_one_line_unwraps_to_the_cause_and_keeps_its_first_line():
 
     assert one_line(Wrapper(ValueError("dataset x has no rows\nmore"))) == "ValueError: dataset x has no rows"
     assert one_line(KeyError()) == "KeyError"
+
+
+def test_every_start_up_phase_is_shown_with_its_time_and_a_short_filtered_step_is_an_alert():
+    out = io.StringIO()
+    console = Console(every_s=5.0, stream=out, clock=lambda: 0.0)
+    for t, what in [
+        (0.0, "starting Ray"),
+        (0.4, "starting the trainer"),
+        (2.25, "starting 3 rollout replicas"),
+    ]:
+        console.show({"kind": "phase", "t": t, "what": what})  # never rate-limited: each is a new phase
+    assert out.getvalue().splitlines() == [
+        "laminar: [   0.0s] starting Ray",
+        "laminar: [   0.4s] starting the trainer",
+        "laminar: [   2.2s] starting 3 rollout replicas",
+    ]
+    short = {
+        "kind": "filter_short",
+        "step": 3,
+        "kept": 1,
+        "wanted": 4,
+        "taken": 16,
+        "why": "trainer.filter_take_limit",
+    }
+    line = console.show(short)
+    assert (
+        "step 3: only 1 of 4 groups had unequal rewards after taking 16 (trainer.filter_take_limit)" in line
+    )
+    assert line.endswith("training on those")

@@ -109,3 +109,14 @@ def test_config_rejects_bad_values_by_name():
         GRPOConfig(is_correction="tis")
     with pytest.raises(ValueError, match="clip_high"):
         GRPOConfig(clip_high=0)
+
+
+def test_kl_term_is_the_k3_estimate_on_response_tokens_and_padding_cannot_overflow_it():
+    cfg = GRPOConfig(kl_coef=0.5)
+    logp = torch.tensor([[-1.0, -2.0, -300.0]])  # the last position is padding
+    ref = torch.tensor([[-1.5, -2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, m = grpo_loss(logp, logp, torch.zeros(1, 3), mask, cfg, 2, ref_logp=ref)
+    k3 = math.exp(-0.5) + 0.5 - 1.0  # exp(d) - d - 1 with d = ref - logp = -0.5; 0 where they agree
+    assert m["kl_sum"] == pytest.approx(k3) and loss.item() == pytest.approx(0.5 * k3 / 2)
+    assert "kl_sum" not in grpo_loss(logp, logp, torch.zeros(1, 3), mask, GRPOConfig(), 2, ref_logp=ref)[1]
