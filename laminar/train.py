@@ -146,6 +146,7 @@ def _run(
     model_path: str,
 ) -> dict[str, Any]:
     """The started run: the schedule's loop, the last checkpoint, the summary and the plots."""
+    from laminar.runtime.evaluation import eval_summary
     from laminar.telemetry.audit import audit_run
     from laminar.telemetry.plots import plot_run
     from laminar.telemetry.recorder import write_json
@@ -182,6 +183,8 @@ def _run(
             recorder.log("stop_error", error=one_line(e), traceback="".join(traceback.format_exception(e)))
         raise
     wall = time.time() - t_start
+    if rt.evaluator is not None:  # the last evaluation, on weights the rollouts already hold
+        rt.evaluator.finish()
     end = rt.stop()
     rt.checkpoint(ckpt)
     for v, seconds in sorted(rt.propagation().items()):
@@ -214,6 +217,7 @@ def _run(
             "restarted_on_resume": rt.restarted_on_resume,
             "repacks": end["repacks"],
             "failures": {**end["failures"], "trainer": rt.trainer_restarts},
+            "eval": eval_summary(recorder.records, cfg.eval.targets),
         },
     )
     write_json(out / "summary.json", summary)
