@@ -119,6 +119,21 @@ class ScheduleConfig:
 
 
 @dataclass
+class EvalConfig:
+    every: int = 0  # trainer steps between evaluations of the held-out set; 0 = no evaluation
+    at_start: bool = True  # also evaluate the starting weights (version 0, or the resumed version)
+    num_prompts: int = 128  # held-out prompts per evaluation (the first ones of the held-out set)
+    n: int = 1  # samples per prompt (pass@n when > 1)
+    temperature: float = 0.0  # 0 = greedy; must be > 0 when n > 1
+    max_new_tokens: int = 0  # 0 = rollout.max_new_tokens
+    correct_at: float = 1.0  # a sample counts as correct when its reward is at least this
+    targets: list[float] = field(
+        default_factory=lambda: [0.5]
+    )  # accuracies whose first wall time is reported
+    final_timeout_s: float = 300.0  # how long the end of the run waits for evaluations still running
+
+
+@dataclass
 class RunConfig:
     out: str = "runs/demo"
     seed: int = 0
@@ -141,6 +156,7 @@ class Config:
     repack: RepackConfig = field(default_factory=RepackConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -321,6 +337,26 @@ def validate(cfg: Config) -> None:
     )
     _check(t.filter_take_limit >= 1, "trainer.filter_take_limit", t.filter_take_limit, "at least 1")
     _check(t.max_nonfinite_steps >= 1, "trainer.max_nonfinite_steps", t.max_nonfinite_steps, "at least 1")
+    e = cfg.eval
+    _check(e.every >= 0, "eval.every", e.every, "0 (no evaluation) or a number of trainer steps")
+    _check(e.num_prompts >= 1, "eval.num_prompts", e.num_prompts, "at least 1")
+    _check(e.n >= 1, "eval.n", e.n, "at least 1 sample per prompt")
+    _check(e.temperature >= 0, "eval.temperature", e.temperature, "0 (greedy) or a positive number")
+    _check(
+        e.n == 1 or e.temperature > 0,
+        "eval.temperature",
+        e.temperature,
+        f"positive when eval.n={e.n} (greedy samples of one prompt are all the same)",
+    )
+    _check(
+        e.max_new_tokens >= 0, "eval.max_new_tokens", e.max_new_tokens, "0 (rollout's) or a positive number"
+    )
+    _check(
+        isinstance(e.targets, list) and all(isinstance(x, int | float) for x in e.targets),
+        "eval.targets",
+        e.targets,
+        "a list of accuracies, e.g. [0.3, 0.5]",
+    )
     _check(cfg.relay.chunk_mb > 0, "relay.chunk_mb", cfg.relay.chunk_mb, "a positive size in MB")
     _check(cfg.relay.slots >= 2, "relay.slots", cfg.relay.slots, "at least 2 (one complete, one arriving)")
     _check(

@@ -162,6 +162,7 @@ def _run(
     model_path: str,
 ) -> dict[str, Any]:
     """The started run: the schedule's loop, the last checkpoint, the summary and the plots."""
+    from laminar.runtime.evaluation import eval_summary
     from laminar.telemetry.audit import audit_run
     from laminar.telemetry.plots import plot_run
     from laminar.telemetry.recorder import write_json
@@ -200,6 +201,8 @@ def _run(
             recorder.log("stop_error", error=one_line(e), traceback="".join(traceback.format_exception(e)))
         raise
     wall = time.time() - t_start
+    if rt.evaluator is not None:  # the last evaluation, on weights the rollouts already hold
+        rt.evaluator.finish()
     end = rt.stop()
     rt.checkpoint(ckpt)
     for v, seconds in sorted(rt.propagation().items()):
@@ -233,6 +236,7 @@ def _run(
             "repacks": end["repacks"],
             "failures": {**end["failures"], "trainer": rt.trainer_restarts},
             "filtered_groups": audit.filtered_groups,  # trainer.filter_groups: set aside, every segment
+            "eval": eval_summary(recorder.records, cfg.eval.targets),
         },
     )
     write_json(out / "summary.json", summary)

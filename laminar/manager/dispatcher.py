@@ -23,6 +23,8 @@ class Dispatcher:
         self.consumed_groups = 0
         self.timeline: list[dict[str, Any]] = []
         self.stopped = False
+        self.evals: list[tuple[int, list[PromptGroup]]] = []  # (at least this version, groups) in order
+        self.replicas = 1  # how many replicas share an evaluation (set at start)
         self.changed = asyncio.Event()  # wakes replicas waiting for work
         self.updated = asyncio.Event()  # a trainer update: a moment to repack (design section 5)
 
@@ -31,6 +33,8 @@ class Dispatcher:
         after re-checking its relay, so a new version is picked up while it waits)."""
         deadline = time.monotonic() + self.poll_s
         while not self.stopped:
+            if groups := self._eval_work(replica, version):
+                return groups
             quota = self.dispatch.quota(
                 version, self.trainer_version, self.dispatched_groups, self.consumed_groups
             )
@@ -54,6 +58,24 @@ class Dispatcher:
                 await asyncio.wait_for(self.changed.wait(), remaining)
             except TimeoutError:
                 return []
+        return []
+
+    def submit_eval(self, groups: list[PromptGroup], min_version: int) -> None:
+        """An evaluation of the weights at `min_version` or newer: handed out before training work, spread over
+        the replicas, outside the dispatch rule (it is not training work; the rollouts never stop for it)."""
+        self.evals.append((min_version, list(groups)))
+        self.changed.set()
+
+    def _eval_work(self, replica: int, version: int) -> list[PromptGroup]:
+        for i, (min_version, groups) in enumerate(self.evals):
+            if version < min_version:
+                continue
+            share = -(-len(groups) // max(self.replicas, 1))
+            out, self.evals[i] = groups[:share], (min_version, groups[share:])
+            if not self.evals[i][1]:
+                del self.evals[i]
+            self.fleet.event("dispatch_eval", replica=replica, version=version, groups=len(out))
+            return out
         return []
 
     def replicas_with_work(self) -> int:

@@ -60,6 +60,7 @@ class RolloutManager:
     async def start(self, factory: Any, master: Any, master_node: str, replicas: int) -> list[Any]:
         """Start the fleet and the background loops; returns the relay chain, master first."""
         await self.supervisor.start(factory, master, master_node, replicas)
+        self.dispatcher.replicas = replicas
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.supervisor.watch_loop()))
         if self.repack is not None:
@@ -84,6 +85,9 @@ class RolloutManager:
     # ---- the driver --------------------------------------------------------------------------------------
     def trainer_update(self, version: int, consumed_groups: int) -> None:
         self.dispatcher.trainer_update(version, consumed_groups)
+
+    def submit_eval(self, groups: list[PromptGroup], min_version: int) -> None:
+        self.dispatcher.submit_eval(groups, min_version)
 
     async def move_master(self, node: str) -> list[Any]:
         return await self.supervisor.move_master(node)

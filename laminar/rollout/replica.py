@@ -21,7 +21,7 @@ from typing import Any
 import ray
 import torch
 
-from laminar.data.records import PromptGroup, Trajectory
+from laminar.data.records import PromptGroup, Trajectory, is_eval
 
 
 def sample_seed(run_seed: int, traj_id: str) -> int:
@@ -174,8 +174,13 @@ class RolloutReplica:
             "peak_kv": stats.peak_kv_blocks,
             "tokens_generated": self.tokens_generated,
             "busy_s": round(self.busy_s, 4),
-            "inflight": sorted(self.inflight),
-            "requests": [(rid, self._blocks(rid)) for rid in sorted(self.inflight)],
+            "inflight": sorted(r for r, st in self.inflight.items() if not is_eval(st.group.group_id)),
+            # evaluation requests finish where they started: repack never moves them
+            "requests": [
+                (rid, self._blocks(rid))
+                for rid, st in sorted(self.inflight.items())
+                if not is_eval(st.group.group_id)
+            ],
             "error": self.error,
             "error_line": self.error_line,
             "error_kind": self.error_kind,
@@ -249,7 +254,8 @@ class RolloutReplica:
         self.engine.reset_peak()
         now = time.time()
         for group in groups:
-            self.partial_pool.start.remote(group, self.id, self.engine.version)
+            if not is_eval(group.group_id):  # evaluation work is not recovered: the evaluator counts it lost
+                self.partial_pool.start.remote(group, self.id, self.engine.version)
             for i in range(group.n):
                 rid = group.traj_id(i)
                 # a row may fix its own sampling (the length-controlled benchmark workload does)
@@ -304,6 +310,8 @@ class RolloutReplica:
     def _report_progress(self, out: Any) -> None:
         updates = {}
         for rid, state in self.inflight.items():
+            if is_eval(state.group.group_id):
+                continue
             tokens, logprobs = self.engine.progress(rid)
             if len(tokens) > state.reported:
                 updates[rid] = (tokens[state.reported :], logprobs[state.reported :])
@@ -340,6 +348,9 @@ class RolloutReplica:
 
     def _score_and_store(self, traj: Trajectory, group: PromptGroup) -> None:
         traj.reward = self.scorer.score(traj, group.meta)  # a failing reward function scores 0, noted on traj
+        if is_eval(group.group_id):
+            ray.get(self.buffer.add_eval.remote(traj), timeout=self.timeout_s)
+            return
         ray.get(self.buffer.add.remote(traj), timeout=self.timeout_s)
         self.partial_pool.finish.remote(traj.traj_id)
 

@@ -45,6 +45,17 @@ class BufferActor:
         # its step (Ctrl-C) must not lose them, so they stay here until `trained` and go back on `return_lent`.
         self.lent: dict[int, list[Trajectory]] = {}
         self.lending = True
+        self.evaluated: dict[
+            int, list[Trajectory]
+        ] = {}  # evaluation groups' samples, by group (never trained)
+
+    def add_eval(self, traj: Trajectory) -> None:
+        """A sample of an evaluation group: kept aside for the driver's evaluator, never in the buffer."""
+        self.evaluated.setdefault(traj.group_id, []).append(traj)
+
+    def take_eval(self, group_ids: list[int]) -> dict[int, list[Trajectory]]:
+        """The evaluation samples that have arrived for `group_ids` (each group once it is whole or partly)."""
+        return {g: self.evaluated.pop(g) for g in group_ids if g in self.evaluated}
 
     def add(self, traj: Trajectory) -> bool:
         with self.cond:

@@ -22,6 +22,7 @@ from laminar.manager.manager import RolloutFailure, RolloutManager
 from laminar.relay.relay import RelaySettings
 from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor, TrainerActor
 from laminar.runtime.checkpoint import RUNTIME_STATE, log_sizes
+from laminar.runtime.evaluation import Evaluator
 from laminar.runtime.factory import Factory, use_cuda
 from laminar.schedules.schedule import Schedule
 from laminar.telemetry.recorder import Recorder, dumps
@@ -55,6 +56,15 @@ def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
     if Path(cfg.task.name).suffix == ".jsonl":
         return load_jsonl(cfg.task.name, required={"prompt": str})
     raise ValueError(f"task.name={cfg.task.name!r}: expected 'reverse' (built in) or a .jsonl file of rows")
+
+
+def eval_rows(cfg: Config) -> list[dict[str, Any]]:
+    """The held-out set: rows never drawn for training."""
+    from laminar.data.tasks import ReverseTask
+
+    if cfg.task.name == "reverse":  # another seed than training's
+        return ReverseTask(seed=cfg.task.seed + 1_000_003).rows(cfg.eval.num_prompts)
+    return []
 
 
 def _node_of(_actor: Any) -> str:
@@ -94,6 +104,7 @@ class Runtime:
     trainer_restarts: int = 0
     filtered: list[list[Trajectory]] = field(default_factory=list)  # set aside by `take`, recorded by `train`
     consumed_early: int = 0  # groups of the coming step already counted as consumed by the manager
+    evaluator: Evaluator | None = None
 
     # ---- start ---------------------------------------------------------------------------------------------
     @classmethod
@@ -207,6 +218,19 @@ class Runtime:
             rt.manager.start.remote(factory, master, trainer_node, r.replicas), timeout=cfg.run.timeout_s * 2
         )
         rt.replicas = ray.get(rt.manager.live_replicas.remote(), timeout=cfg.run.timeout_s)
+        if cfg.eval.every > 0:
+            rt.evaluator = Evaluator(
+                cfg.eval,
+                eval_rows(cfg),
+                codec.encode_prompt,
+                rt.manager,
+                rt.buffer,
+                recorder,
+                r.max_new_tokens,
+                cfg.run.timeout_s,
+            )
+            if cfg.eval.at_start:
+                rt.evaluator.submit(rt.version)
         recorder.log(
             "phase", what=f"generating: the first step waits for {t.groups_per_step} complete groups"
         )
@@ -255,6 +279,8 @@ class Runtime:
         ref = self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids)
         while not ray.wait([ref], timeout=1.0)[0]:  # meanwhile, once a second: are the rollouts still alive?
             self.check_rollouts()
+            if self.evaluator is not None:
+                self.evaluator.poll()
         return ray.get(ref)
 
     def check_rollouts(self) -> None:
@@ -311,6 +337,10 @@ class Runtime:
         self.filtered, self.consumed_early = [], 0
         self.version = v
         self.collect()
+        if self.evaluator is not None:
+            if self.evaluator.due(v):
+                self.evaluator.submit(v)
+            self.evaluator.poll()
         return m
 
     def _save_trajectories(

@@ -37,6 +37,24 @@ def plot_run(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     ax.legend()
     paths.append(_save(fig, out / "reward.png"))
 
+    evals = sorted((r for r in records if r["kind"] == "eval"), key=lambda r: r["version"])
+    if evals:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        t = [r["t_version"] for r in evals]
+        ax.plot(t, [r["accuracy"] for r in evals], "o-", label="held-out accuracy")
+        ax2 = ax.twinx()
+        ax2.plot(t, [r["response_len_mean"] for r in evals], "--", color="grey", label="mean response length")
+        ax2.set_ylabel("response tokens")
+        ax.set(
+            xlabel="wall time the weights were published (s)",
+            ylabel="accuracy",
+            title="Held-out evaluation",
+            ylim=(0, 1),
+        )
+        ax.legend(loc="upper left")
+        ax2.legend(loc="lower right")
+        paths.append(_save(fig, out / "eval.png"))
+
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if len(steps) >= 2:
         t = [r["t"] for r in steps]

@@ -40,7 +40,11 @@ def tiny_run_config(model_dir, out, *extra):
 @pytest.fixture(scope="module")
 def laminar_run(ray_cluster, tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    summary = train(tiny_run_config(tiny_model_dir, out), out)
+    # held-out evaluation on: at the start and every 2 steps, by the same replicas, while training goes on
+    cfg = tiny_run_config(
+        tiny_model_dir, out, "eval.every=2", "eval.num_prompts=6", "eval.targets=[0.0, 1.1]"
+    )
+    summary = train(cfg, out)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return out, summary, records
 
@@ -55,6 +59,7 @@ def test_run_folder_has_everything(laminar_run):
         "throughput.png",
         "staleness.png",
         "replicas.png",
+        "eval.png",
         "checkpoint/config.json",
         "checkpoint/trainer_state.safetensors",
         "checkpoint/trainer_state.json",
@@ -153,3 +158,20 @@ def test_laminar_audit_passes_on_the_run_and_agrees_with_the_summary(laminar_run
     t = summary["trajectories"]
     assert audit.ok and t["audit_ok"] and audit.trained == t["trained"] == 32
     assert (t["lost"], t["duplicated"]) == (audit.counts()["lost"], audit.counts()["duplicated"]) == (0, 0)
+
+
+def test_held_out_evaluation_runs_beside_training_and_is_never_trained_on(laminar_run):
+    out, summary, records = laminar_run
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["version"] for r in evals] == [0, 2, 4]
+    for r in evals:
+        assert r["prompts"] == 6 and r["samples"] == 6 and 0.0 <= r["accuracy"] <= 1.0
+        assert min(r["generated_at"]) >= r["version"]  # by weights at least as new as the evaluated ones
+        assert r["truncated_frac"] <= 1.0 and r["response_len_mean"] > 0
+    trained = [json.loads(line)["group_id"] for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert trained and min(trained) >= 0  # evaluation groups (negative ids) never reach the trainer
+    e = summary["eval"]
+    assert e["evaluations"] == 3 and e["first"]["version"] == 0 and e["last"]["version"] == 4
+    assert e["time_to_target"]["0.0"] == {"version": 0, "wall_s": evals[0]["t_version"]}
+    assert e["time_to_target"]["1.1"] is None  # never reached: said so, not invented
+    assert summary["trajectories"]["audit_ok"]
