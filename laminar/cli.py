@@ -11,6 +11,7 @@ COMMANDS = {
     ("bench", "engine"): "laminar.bench.engine:main",
     ("bench", "relay"): "laminar.bench.relay:main",
     ("bench", "schedules"): "laminar.bench.schedules:main",
+    ("bench", "convergence"): "laminar.bench.convergence:main",
     ("simulate",): "laminar.sim.cli:main",
     ("audit",): "laminar.telemetry.audit:main",
 }
@@ -23,6 +24,7 @@ commands:
   bench engine                     decode throughput by batch size vs Hugging Face generate
   bench relay                      weight propagation along the relay chain
   bench schedules                  every schedule on one length-controlled workload
+  bench convergence CONFIG         held-out accuracy over wall time of one job under several schedules
   simulate                         the cluster simulator (64 to 1024 GPUs)
   audit RUN_DIR                    every trajectory trained exactly once, or lost for a reason
 """
