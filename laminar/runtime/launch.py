@@ -38,25 +38,9 @@ def use_cuda(cfg: Config) -> bool:
 
 
 def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
-    from laminar.data.dataset import load_jsonl
-    from laminar.data.tasks import ReverseTask
+    from laminar.data.dataset import train_rows
 
-    if cfg.task.name == "reverse":
-        return ReverseTask(seed=cfg.task.seed).rows(cfg.task.num_prompts)
-    if cfg.task.name == "lengths":
-        from laminar.data.lengths import LengthWorkload
-
-        t = cfg.task
-        return LengthWorkload(
-            median=t.length_median,
-            p99_ratio=t.length_p99_ratio,
-            lengths_file=t.lengths_file,
-            max_len=cfg.rollout.max_new_tokens,
-            seed=t.seed,
-        ).rows(t.num_prompts)
-    if Path(cfg.task.name).suffix == ".jsonl":
-        return load_jsonl(cfg.task.name, required={"prompt": str})
-    raise ValueError(f"task.name={cfg.task.name!r}: expected 'reverse' (built in) or a .jsonl file of rows")
+    return train_rows(cfg)
 
 
 def _node_of(_actor: Any) -> str:
@@ -70,8 +54,8 @@ def import_engine(_actor: Any) -> None:
 class _EngineFactory:
     """Picklable recipe for a replica's engine, built inside the replica's process."""
 
-    def __init__(self, model_path: str, cfg: Config, version: int = 0) -> None:
-        self.model_path, self.cfg, self.version = model_path, cfg, version
+    def __init__(self, model_path: str, cfg: Config, version: int = 0, end_ids: tuple[int, ...] = ()) -> None:
+        self.model_path, self.cfg, self.version, self.end_ids = model_path, cfg, version, end_ids
 
     def __call__(self) -> Any:
         from laminar.engine import Engine
@@ -80,6 +64,7 @@ class _EngineFactory:
         dtype = torch.bfloat16 if cuda or self.cfg.model.dtype == "bfloat16" else torch.float32
         return Engine.from_pretrained(
             self.model_path,
+            eos_token_ids=self.end_ids,
             device="cuda" if cuda else "cpu",
             dtype=dtype,
             max_num_seqs=r.max_num_seqs,
@@ -91,14 +76,22 @@ class _EngineFactory:
 
 
 class _ScorerFactory:
-    def __init__(self, model_path: str, reward: str, task: str, timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        reward: str,
+        task: str,
+        timeout_s: float | None = None,
+        stop_token_ids: tuple[int, ...] = (),
+    ) -> None:
         self.model_path, self.reward, self.task, self.timeout_s = model_path, reward, task, timeout_s
+        self.stop_token_ids = stop_token_ids
 
     def __call__(self) -> Any:
-        from laminar.data.tasks import TaskCodec
+        from laminar.data.codec import TaskCodec
         from laminar.rewards.loader import DEFAULT_REWARD, RewardScorer
 
-        codec = TaskCodec.from_dir(self.model_path)
+        codec = TaskCodec.from_dir(self.model_path, stop_token_ids=self.stop_token_ids)
         default = "laminar.data.lengths:length_reward" if self.task == "lengths" else DEFAULT_REWARD
         return RewardScorer(self.reward or default, codec.decode, timeout_s=self.timeout_s)
 
@@ -176,6 +169,7 @@ class Runtime:
     last_checkpoint: Path | None = None
     since_checkpoint: list[list[list[Trajectory]]] = field(default_factory=list)  # batches to replay
     trainer_restarts: int = 0
+    end_ids: tuple[int, ...] = ()  # every token that ends a response: the model's, the tokenizer's, the run's
 
     # ---- start ---------------------------------------------------------------------------------------------
     @classmethod
@@ -192,13 +186,14 @@ class Runtime:
             raise
 
     def _start(self, schedule: Schedule, resume: Path | None) -> Runtime:
-        from laminar.data.tasks import TaskCodec
+        from laminar.data.codec import TaskCodec
         from laminar.trainer.grpo import GRPOConfig
         from laminar.trainer.trainer import TrainerConfig as PlainTrainerConfig
 
         rt, cfg, model_path, recorder = self, self.cfg, self.model_path, self.recorder
         t, r, cuda = cfg.trainer, cfg.rollout, use_cuda(cfg)
-        codec = TaskCodec.from_dir(model_path)
+        codec = TaskCodec.from_config(model_path, cfg)
+        rt.end_ids = codec.end_ids
         # The control plane lives on the driver's machine: losing any other machine never takes it down.
         here = on_driver_node()
         rt.prompt_pool = PromptPoolActor.options(**here).remote(
@@ -320,8 +315,14 @@ class Runtime:
                 **({"scheduling_strategy": "SPREAD"} if r.placement == "spread" else {}),
             },
             "args": (
-                _EngineFactory(self.engine_path or self.model_path, cfg, self.version),
-                _ScorerFactory(self.model_path, cfg.task.reward, cfg.task.name, cfg.task.reward_timeout_s),
+                _EngineFactory(self.engine_path or self.model_path, cfg, self.version, self.end_ids),
+                _ScorerFactory(
+                    self.model_path,
+                    cfg.task.reward,
+                    cfg.task.name,
+                    cfg.task.reward_timeout_s,
+                    tuple(cfg.rollout.stop_token_ids),
+                ),
             ),
             "kwargs": {
                 "manager": self.manager,
