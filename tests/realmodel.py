@@ -137,3 +137,10 @@ def set_generation_eos(model_dir: str | Path, eos: list[int]) -> None:
     cfg = json.loads(path.read_text())
     cfg["eos_token_id"] = eos
     path.write_text(json.dumps(cfg, indent=2))
+
+
+def ground_truth_reward(response: str, row: dict) -> float:
+    """1 when the response holds the row's ground truth; reads the normalised row's fields, so a row that did
+    not go through the loader's schema is a reward error."""
+    truth, _ = row["ground_truth"], row["data_source"]
+    return float(truth in response)
