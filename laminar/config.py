@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -39,6 +39,16 @@ class TaskConfig:
 
 
 @dataclass
+class DataConfig:
+    # .jsonl files, .parquet files (verl's format) or datasets directories; empty = the rows of task.name
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)  # held-out rows for evaluation; empty = none
+    chat_template: str = "auto"  # auto: template string prompts if the model has one | always | never
+    system_prompt: str = ""  # prepended as a system message when a prompt is templated
+    prompt_key: str = "prompt"  # the field that holds the prompt in the files
+
+
+@dataclass
 class RolloutConfig:
     replicas: int = 3
     groups_per_batch: int = 4  # prompt groups a replica takes at once
@@ -49,6 +59,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 48  # the reverse task needs at most 41
+    stop_token_ids: list[int] = field(default_factory=list)  # ends beside the model's own (config files, EOS)
     num_cpus: float = 0.5
     num_gpus: float = 0.0
     progress_every: int = 8  # engine steps between progress reports to the partial response pool
@@ -150,6 +161,7 @@ class RunConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
@@ -164,6 +176,9 @@ class Config:
 
 
 def _coerce(path: str, value: Any, kind: type) -> Any:
+    if get_origin(kind) is list:  # one value stands for a list of one; "" for none
+        items = [] if value in ("", None) else value if isinstance(value, list) else [value]
+        return [_coerce(f"{path}[{i}]", v, get_args(kind)[0]) for i, v in enumerate(items)]
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -282,6 +297,34 @@ def validate(cfg: Config) -> None:
         "task.name",
         cfg.task.name,
         "reverse (the demo), lengths (the benchmark workload) or a .jsonl file of rows",
+    )
+    d = cfg.data
+    for name in ("train_files", "val_files"):
+        for i, f in enumerate(getattr(d, name)):
+            _check(
+                Path(f).exists(),
+                f"data.{name}[{i}]",
+                f,
+                "an existing .jsonl file, .parquet file or directory written by datasets' save_to_disk",
+            )
+    _check(
+        not (d.train_files and cfg.task.name.endswith(".jsonl")),
+        "task.name",
+        cfg.task.name,
+        "not a .jsonl file when data.train_files is set (give the rows in one place)",
+    )
+    _check(
+        d.chat_template in ("auto", "always", "never"),
+        "data.chat_template",
+        d.chat_template,
+        "auto, always or never",
+    )
+    _check(bool(d.prompt_key), "data.prompt_key", d.prompt_key, "the name of the field that holds the prompt")
+    _check(
+        all(t >= 0 for t in cfg.rollout.stop_token_ids),
+        "rollout.stop_token_ids",
+        cfg.rollout.stop_token_ids,
+        "token ids (non-negative integers)",
     )
     _check(
         cfg.buffer.sampler in SAMPLERS or ":" in cfg.buffer.sampler,

@@ -30,10 +30,10 @@ def resolve_model(cfg: Config) -> str:
 
         check_model_dir(cfg.model.path)  # says what is missing before any actor starts
         return cfg.model.path
-    from laminar.data.warmup import default_warmup_dir, warmup
+    from laminar.data.warmup import default_warmup_dir, is_current, warmup
 
     demo = default_warmup_dir()
-    if not (demo / "config.json").is_file():
+    if not is_current(demo):
         print(f"building the demo's warm-start checkpoint in {demo} (once; `laminar warmup` rebuilds it)")
         warmup(demo)
     return str(demo)
@@ -41,15 +41,16 @@ def resolve_model(cfg: Config) -> str:
 
 def check_inputs(cfg: Config) -> None:
     """What the actors would otherwise find late, checked on the driver before any starts: the reward function
-    imports, and a JSONL dataset parses and has rows."""
+    imports, and every dataset row loads and its prompt encodes and fits with the model's tokenizer."""
     if cfg.task.reward:
         from laminar.rewards.loader import load_reward
 
         load_reward(cfg.task.reward)
-    if cfg.task.name.endswith(".jsonl"):
-        from laminar.data.dataset import load_jsonl
+    if cfg.data.train_files or cfg.data.val_files or cfg.task.name.endswith(".jsonl"):
+        from laminar.data.dataset import check_prompts, read_dataset_files
 
-        load_jsonl(cfg.task.name, required={"prompt": str})
+        files = read_dataset_files(cfg)  # every row's fields first: no model is needed for that
+        check_prompts(files, cfg, resolve_model(cfg))
     from laminar.telemetry.tracking import check_wandb
 
     check_wandb(cfg.run.wandb_project)

@@ -12,7 +12,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+from laminar.data.codec import TaskCodec
 
 PAD, BOS, EOS, SEP = "<pad>", "<bos>", "<eos>", "="
 DIGITS = [str(d) for d in range(10)]
@@ -47,48 +50,26 @@ class ReverseTask:
 
 
 def build_tokenizer() -> Tokenizer:
-    """A word-level tokenizer over digits and the few markers the task uses; no download needed."""
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token=PAD))
+    """A word-level tokenizer over digits and the few markers the task uses; no download needed. Its
+    post-processor puts BOS before every encoded text, as Llama's does, so a prompt is `BOS + tokens`."""
+    vocab = {w: i for i, w in enumerate(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=PAD))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, vocab[BOS])])
     return tok
 
 
-class TaskCodec:
-    """Turns rows into prompt ids and responses back into text, with the task's special tokens."""
-
-    def __init__(self, tokenizer: Tokenizer | None = None) -> None:
-        self.tokenizer = tokenizer or build_tokenizer()
-        self.bos_id = self.tokenizer.token_to_id(BOS)
-        self.eos_id = self.tokenizer.token_to_id(EOS)
-        self.pad_id = self.tokenizer.token_to_id(PAD)
-
-    @classmethod
-    def from_dir(cls, path: str | Path) -> TaskCodec:
-        return cls(Tokenizer.from_file(str(Path(path) / "tokenizer.json")))
-
-    def encode_prompt(self, prompt: str) -> list[int]:
-        return [self.bos_id, *self.tokenizer.encode(prompt, add_special_tokens=False).ids]
-
-    def encode_answer(self, answer: str) -> list[int]:
-        return [*self.tokenizer.encode(answer, add_special_tokens=False).ids, self.eos_id]
-
-    def decode(self, ids: list[int]) -> str:
-        """Text up to (not including) EOS; special tokens dropped."""
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id)]
-        n = self.vocab_size
-        ids = [i for i in ids if 0 <= i < n]  # a random or larger model emits any id
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.get_vocab_size()
+def demo_tokenizer() -> PreTrainedTokenizerFast:
+    """The demo's tokenizer as the same Hugging Face object `AutoTokenizer` loads from a model directory."""
+    return PreTrainedTokenizerFast(
+        tokenizer_object=build_tokenizer(), bos_token=BOS, eos_token=EOS, pad_token=PAD
+    )
 
 
-def save_tokenizer(tokenizer: Tokenizer, out: str | Path) -> None:
+def save_tokenizer(tokenizer: Tokenizer | PreTrainedTokenizerFast, out: str | Path) -> None:
     """tokenizer.json plus the small config files HF's AutoTokenizer expects."""
     out = Path(out)
-    tokenizer.save(str(out / "tokenizer.json"))
+    getattr(tokenizer, "backend_tokenizer", tokenizer).save(str(out / "tokenizer.json"))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
     (out / "special_tokens_map.json").write_text(

@@ -29,6 +29,20 @@ class WarmupConfig:
     threads: int = 2
 
 
+# Bumped when the directory's contents change meaning: 2 = its tokenizer puts BOS before a prompt by itself.
+FORMAT = 2
+
+
+def is_current(path: Path) -> bool:
+    """A warm start built by this version (an older one would read prompts differently)."""
+    info = path / "warmup.json"
+    return (
+        (path / "config.json").is_file()
+        and info.is_file()
+        and json.loads(info.read_text()).get("format") == FORMAT
+    )
+
+
 def default_warmup_dir() -> Path:
     """Where the demo's warm start is kept: `runs/warmup` in the source checkout laminar runs from (found from
     this file, not the working directory), else the user's cache when laminar is installed as a package."""
@@ -106,6 +120,7 @@ def warmup(
     out = save_model_dir(model, codec, out)
     n_params = sum(p.numel() for p in model.parameters())
     info = {
+        "format": FORMAT,
         "task": "reverse",
         "params": n_params,
         "steps": cfg.steps,

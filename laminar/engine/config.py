@@ -70,8 +70,6 @@ class ModelConfig:
         if d.get("use_sliding_window"):
             raise ValueError("use_sliding_window=True is not supported; set it to False (full attention)")
         heads = d["num_attention_heads"]
-        eos = d.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
         bias = bool(d.get("attention_bias", False))
         return cls(
             family=family,
@@ -90,17 +88,31 @@ class ModelConfig:
             o_bias=False if family == "qwen2" else bias,
             qk_norm=family == "qwen3",
             mlp_bias=bool(d.get("mlp_bias", False)),
-            eos_token_ids=eos_ids,
+            eos_token_ids=eos_ids(d.get("eos_token_id")),
         )
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelConfig:
+        """config.json; its end tokens joined by generation_config.json's (chat models declare their
+        end-of-turn token there, e.g. a list of ids)."""
         file = Path(path) / "config.json"
         if not file.is_file():
             raise FileNotFoundError(
                 f"{file} not found: a model directory needs config.json plus *.safetensors"
             )
-        return cls.from_hf(json.loads(file.read_text()))
+        cfg = cls.from_hf(json.loads(file.read_text()))
+        gen = Path(path) / "generation_config.json"
+        if gen.is_file():
+            more = eos_ids(json.loads(gen.read_text()).get("eos_token_id"))
+            cfg.eos_token_ids = tuple(dict.fromkeys([*cfg.eos_token_ids, *more]))
+        return cfg
+
+
+def eos_ids(value: Any) -> tuple[int, ...]:
+    """`eos_token_id` as config files write it: an int, a list of ints, or absent."""
+    if value is None:
+        return ()
+    return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
 
 
 def _rope_parameters(d: dict[str, Any]) -> dict[str, Any]:

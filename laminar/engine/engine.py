@@ -8,6 +8,7 @@ cache is never reallocated.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -74,9 +75,13 @@ class Engine:
         self.runner.capture_graphs()
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **kw) -> Engine:
-        """A local Hugging Face model directory: config.json plus *.safetensors."""
-        return cls(ModelConfig.from_dir(path), weights=load_safetensors_dir(path), **kw)
+    def from_pretrained(cls, path: str | Path, eos_token_ids: Iterable[int] = (), **kw) -> Engine:
+        """A local Hugging Face model directory: config.json plus *.safetensors. Generation ends on the end
+        tokens of config.json and generation_config.json, and on `eos_token_ids` (the tokenizer's EOS, the
+        run's stop tokens)."""
+        cfg = ModelConfig.from_dir(path)
+        cfg.eos_token_ids = tuple(dict.fromkeys([*cfg.eos_token_ids, *eos_token_ids]))
+        return cls(cfg, weights=load_safetensors_dir(path), **kw)
 
     def _default_kv_blocks(self, dtype: torch.dtype, max_num_seqs: int, utilization: float) -> int:
         per_block = ModelRunner.kv_bytes_per_block(self.config, self.block_size, dtype)

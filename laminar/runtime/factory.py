@@ -26,8 +26,8 @@ def import_engine(_actor: Any) -> None:
 class EngineRecipe:
     """Picklable recipe for a replica's engine, built inside the replica's process."""
 
-    def __init__(self, model_path: str, cfg: Config, version: int = 0) -> None:
-        self.model_path, self.cfg, self.version = model_path, cfg, version
+    def __init__(self, model_path: str, cfg: Config, version: int = 0, end_ids: tuple[int, ...] = ()) -> None:
+        self.model_path, self.cfg, self.version, self.end_ids = model_path, cfg, version, end_ids
 
     def __call__(self) -> Any:
         from laminar.engine import Engine
@@ -36,6 +36,7 @@ class EngineRecipe:
         dtype = torch.bfloat16 if cuda or self.cfg.model.dtype == "bfloat16" else torch.float32
         return Engine.from_pretrained(
             self.model_path,
+            eos_token_ids=self.end_ids,
             device="cuda" if cuda else "cpu",
             dtype=dtype,
             max_num_seqs=r.max_num_seqs,
@@ -47,14 +48,22 @@ class EngineRecipe:
 
 
 class ScorerRecipe:
-    def __init__(self, model_path: str, reward: str, task: str, timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        reward: str,
+        task: str,
+        timeout_s: float | None = None,
+        stop_token_ids: tuple[int, ...] = (),
+    ) -> None:
         self.model_path, self.reward, self.task, self.timeout_s = model_path, reward, task, timeout_s
+        self.stop_token_ids = stop_token_ids
 
     def __call__(self) -> Any:
-        from laminar.data.tasks import TaskCodec
+        from laminar.data.codec import TaskCodec
         from laminar.rewards.loader import DEFAULT_REWARD, RewardScorer
 
-        codec = TaskCodec.from_dir(self.model_path)
+        codec = TaskCodec.from_dir(self.model_path, stop_token_ids=self.stop_token_ids)
         default = "laminar.data.lengths:length_reward" if self.task == "lengths" else DEFAULT_REWARD
         return RewardScorer(self.reward or default, codec.decode, timeout_s=self.timeout_s)
 
@@ -76,11 +85,13 @@ class Factory:
         interrupt_on_update: bool,
         engine_path: str = "",
         version: int = 0,
+        end_ids: tuple[int, ...] = (),
     ) -> None:
         self.cfg, self.model_path, self.relay_settings = cfg, model_path, relay_settings
         self.manager, self.partial_pool, self.buffer = manager, partial_pool, buffer
         self.interrupt_on_update = interrupt_on_update
         self.engine_path, self.version = engine_path or model_path, version
+        self.end_ids = end_ids  # every token that ends a response: the model's, the tokenizer's, the run's
 
     def replica(self, rid: int) -> Any:
         cfg, r = self.cfg, self.cfg.rollout
@@ -92,8 +103,10 @@ class Factory:
         t = cfg.task
         return ReplicaActor.options(**options).remote(
             rid,
-            EngineRecipe(self.engine_path, cfg, self.version),
-            ScorerRecipe(self.model_path, t.reward, t.name, t.reward_timeout_s),
+            EngineRecipe(self.engine_path, cfg, self.version, self.end_ids),
+            ScorerRecipe(
+                self.model_path, t.reward, t.name, t.reward_timeout_s, tuple(cfg.rollout.stop_token_ids)
+            ),
             manager=self.manager,
             partial_pool=self.partial_pool,
             buffer=self.buffer,

@@ -37,33 +37,22 @@ def on_driver_node(soft: bool = False) -> dict[str, Any]:
 
 
 def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
-    from laminar.data.dataset import load_jsonl
-    from laminar.data.tasks import ReverseTask
+    from laminar.data.dataset import train_rows
 
-    if cfg.task.name == "reverse":
-        return ReverseTask(seed=cfg.task.seed).rows(cfg.task.num_prompts)
-    if cfg.task.name == "lengths":
-        from laminar.data.lengths import LengthWorkload
-
-        t = cfg.task
-        return LengthWorkload(
-            median=t.length_median,
-            p99_ratio=t.length_p99_ratio,
-            lengths_file=t.lengths_file,
-            max_len=cfg.rollout.max_new_tokens,
-            seed=t.seed,
-        ).rows(t.num_prompts)
-    if Path(cfg.task.name).suffix == ".jsonl":
-        return load_jsonl(cfg.task.name, required={"prompt": str})
-    raise ValueError(f"task.name={cfg.task.name!r}: expected 'reverse' (built in) or a .jsonl file of rows")
+    return train_rows(cfg)
 
 
 def eval_rows(cfg: Config) -> list[dict[str, Any]]:
-    """The held-out set: rows never drawn for training."""
+    """The held-out set: `data.val_files`, else the built-in task's held-out split (rows never drawn for
+    training), else none."""
+    from laminar.data.dataset import normalise_row, val_rows
     from laminar.data.tasks import ReverseTask
 
+    if cfg.data.val_files:
+        return val_rows(cfg)
     if cfg.task.name == "reverse":  # another seed than training's
-        return ReverseTask(seed=cfg.task.seed + 1_000_003).rows(cfg.eval.num_prompts)
+        made = ReverseTask(seed=cfg.task.seed + 1_000_003).rows(cfg.eval.num_prompts)
+        return [normalise_row(r, i, "task reverse (held out)") for i, r in enumerate(made)]
     return []
 
 
@@ -105,6 +94,7 @@ class Runtime:
     filtered: list[list[Trajectory]] = field(default_factory=list)  # set aside by `take`, recorded by `train`
     consumed_early: int = 0  # groups of the coming step already counted as consumed by the manager
     evaluator: Evaluator | None = None
+    end_ids: tuple[int, ...] = ()  # every token that ends a response: the model's, the tokenizer's, the run's
 
     # ---- start ---------------------------------------------------------------------------------------------
     @classmethod
@@ -121,13 +111,14 @@ class Runtime:
             raise
 
     def _start(self, schedule: Schedule, resume: Path | None) -> Runtime:
-        from laminar.data.tasks import TaskCodec
+        from laminar.data.codec import TaskCodec
         from laminar.trainer.grpo import GRPOConfig
         from laminar.trainer.trainer import TrainerConfig as PlainTrainerConfig
 
         rt, cfg, model_path, recorder = self, self.cfg, self.model_path, self.recorder
         t, r, cuda = cfg.trainer, cfg.rollout, use_cuda(cfg)
-        codec = TaskCodec.from_dir(model_path)
+        codec = TaskCodec.from_config(model_path, cfg)
+        rt.end_ids = codec.end_ids
         # The control plane lives on the driver's machine: losing any other machine never takes it down.
         recorder.log("phase", what="placing the prompt pool, experience buffer and manager")
         here = on_driver_node()
@@ -192,6 +183,7 @@ class Runtime:
             partial_pool=rt.partial_pool,
             buffer=rt.buffer,
             interrupt_on_update=schedule.interrupt,
+            end_ids=codec.end_ids,
         )
         master = factory.relay(trainer_node, "relay-master")
         ray.get(rt.trainer.attach_master.remote(master), timeout=cfg.run.timeout_s)

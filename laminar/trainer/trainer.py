@@ -15,6 +15,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from laminar.data.codec import copy_tokenizer_files
 from laminar.data.records import Trajectory
 from laminar.data.staleness import staleness
 from laminar.trainer.grpo import GRPOConfig, group_advantages, grpo_loss, token_logprobs
@@ -339,11 +340,14 @@ class Trainer:
         np.random.set_state(state["rng"]["numpy"])
 
     def save_checkpoint(self, out: str | Path) -> Path:
-        """`out` becomes a loadable HF model dir (config, safetensors) plus optimizer, RNG and step, with no
-        pickle anywhere (see `state_files`)."""
+        """`out` becomes a whole HF model dir (config, safetensors, and the tokenizer, chat template and
+        generation config of the model it started from) plus optimizer, RNG and step, with no pickle anywhere
+        (see `state_files`)."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out)
+        if self.cfg.model_path:
+            copy_tokenizer_files(self.cfg.model_path, out)
         state = self.state_dict()
         meta = {"version": self.version, "config": asdict(self.cfg)}
         save_trainer_state(out, state["optimizer"], state["rng"], meta)

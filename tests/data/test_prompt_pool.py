@@ -57,7 +57,7 @@ def test_reissue_outstanding_after_restore_loses_nothing():
 def test_malformed_rows_name_the_row_and_field():
     with pytest.raises(DatasetError, match="row 1: missing field 'prompt'"):
         PromptPool([{"prompt": "a"}, {"question": "b"}], encode, n=1)
-    with pytest.raises(DatasetError, match="row 0: field 'prompt' must be str, got int"):
+    with pytest.raises(DatasetError, match="row 0: field 'prompt' must be a string or a list of .*, got int"):
         PromptPool([{"prompt": 3}], encode, n=1)
     with pytest.raises(ValueError, match="no rows"):
         PromptPool([], encode, n=1)

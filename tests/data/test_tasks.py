@@ -21,7 +21,7 @@ def test_codec_round_trip_and_reward_of_the_true_answer(tmp_path):
     codec = TaskCodec()
     row = ReverseTask().rows(1, seed=3)[0]
     ids = codec.encode_prompt(row["prompt"])
-    assert ids[0] == codec.bos_id and codec.tokenizer.token_to_id("=") == ids[-1]
+    assert ids[0] == codec.bos_id and codec.tokenizer.convert_tokens_to_ids("=") == ids[-1]
     answer = codec.encode_answer(row["answer"])
     assert answer[-1] == codec.eos_id
     assert reverse_reward(codec.decode(answer + [5, 6]), row) == 1.0  # text after EOS is ignored
@@ -40,4 +40,4 @@ def test_jsonl_rows_are_checked_by_row_and_field(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_jsonl(tmp_path / "missing.jsonl")
     p.write_text('{"prompt": "1 ="}\n')
-    assert load_jsonl(p) == [{"prompt": "1 ="}]
+    assert load_jsonl(p) == [{"prompt": "1 =", "data_source": "", "ground_truth": None, "extra_info": {}}]

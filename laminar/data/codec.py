@@ -1,0 +1,191 @@
+"""Rows to prompt ids and responses back to text, through the model directory's own Hugging Face tokenizer.
+
+Every model directory, the demo's included, takes one path: `transformers.AutoTokenizer`. A prompt is a string or
+a list of `{role, content}` messages; messages go through the tokenizer's chat template with the generation
+prompt, and so do strings when the model has a template (`data.chat_template`: auto | always | never). A model
+declares its end tokens in several places (config.json, generation_config.json, the tokenizer's EOS); generation
+stops on all of them, and the decode a reward sees stops at the first.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from laminar.engine.config import eos_ids
+
+CHAT_TEMPLATE_MODES = ("auto", "always", "never")
+ROLES = ("system", "user", "assistant", "tool")
+# What makes a model directory's tokenizer whole (slow-tokenizer vocabularies too, where a directory has them).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+)
+
+
+def _json_field(path: Path, name: str) -> Any:
+    return json.loads(path.read_text()).get(name) if path.is_file() else None
+
+
+def declared_end_ids(model_dir: str | Path) -> tuple[int, ...]:
+    """The end tokens of config.json and generation_config.json (the engine reads these by itself)."""
+    d = Path(model_dir)
+    ids = [
+        *eos_ids(_json_field(d / "config.json", "eos_token_id")),
+        *eos_ids(_json_field(d / "generation_config.json", "eos_token_id")),
+    ]
+    return tuple(dict.fromkeys(ids))
+
+
+def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
+    """Put the tokenizer, its chat template and the generation config of `src` into `dst`, so `dst` is a whole
+    Hugging Face model directory; returns the names copied."""
+    src, dst = Path(src), Path(dst)
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file() and src.resolve() != dst.resolve():
+            shutil.copyfile(src / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+class TaskCodec:
+    """Encodes a row's prompt to ids and decodes a response to text, for one model's tokenizer.
+
+    `end_ids`: every token that ends a response (the model's declared ends, the tokenizer's EOS and
+    `rollout.stop_token_ids`); the engine stops on all of them and `decode` cuts at the first."""
+
+    def __init__(
+        self,
+        tokenizer: Any = None,
+        end_ids: Iterable[int] = (),
+        chat_template: str = "auto",
+        system_prompt: str = "",
+        source: str = "the demo tokenizer",
+    ) -> None:
+        if tokenizer is None:
+            from laminar.data.tasks import demo_tokenizer
+
+            tokenizer = demo_tokenizer()
+        if chat_template not in CHAT_TEMPLATE_MODES:
+            raise ValueError(
+                f"data.chat_template={chat_template!r} is invalid: {' | '.join(CHAT_TEMPLATE_MODES)}"
+            )
+        self.tokenizer = tokenizer
+        self.source = source
+        self.has_template = bool(getattr(tokenizer, "chat_template", None))
+        if chat_template == "always" and not self.has_template:
+            raise ValueError(
+                f"data.chat_template=always but {source} has no chat template (no chat_template in "
+                "tokenizer_config.json, no chat_template.jinja); use auto or never, or a model that has one"
+            )
+        self.template_strings = self.has_template and chat_template != "never"
+        self.system_prompt = system_prompt
+        eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        self.end_ids = tuple(dict.fromkeys([*eos, *end_ids]))
+
+    @classmethod
+    def from_dir(
+        cls,
+        path: str | Path,
+        chat_template: str = "auto",
+        system_prompt: str = "",
+        stop_token_ids: Iterable[int] = (),
+    ) -> TaskCodec:
+        """The tokenizer of a local model directory (never a download)."""
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise ValueError(
+                f"model directory {path}: its tokenizer does not load ({str(e).splitlines()[0]}); expected "
+                "tokenizer.json and tokenizer_config.json (a fast Hugging Face tokenizer)"
+            ) from e
+        return cls(
+            tokenizer,
+            [*declared_end_ids(path), *stop_token_ids],
+            chat_template,
+            system_prompt,
+            source=f"the model directory {path}",
+        )
+
+    @classmethod
+    def from_config(cls, path: str | Path, cfg: Any) -> TaskCodec:
+        """The run's codec: the model directory's tokenizer with the `data` and `rollout` settings."""
+        return cls.from_dir(path, cfg.data.chat_template, cfg.data.system_prompt, cfg.rollout.stop_token_ids)
+
+    # ---- prompts ------------------------------------------------------------------------------------------
+    def messages(self, prompt: str | list[dict[str, str]]) -> list[dict[str, str]] | None:
+        """The chat a prompt becomes, or None when it is encoded as raw text."""
+        if isinstance(prompt, str):
+            if not self.template_strings:
+                return None
+            chat = [{"role": "user", "content": prompt}]
+        else:
+            if not self.has_template:
+                raise ValueError(
+                    f"the prompt is a list of chat messages but {self.source} has no chat template; give "
+                    "plain-string prompts or a model whose tokenizer has a chat template"
+                )
+            chat = [{"role": m["role"], "content": m["content"]} for m in prompt]
+        if self.system_prompt and chat[0]["role"] != "system":
+            chat.insert(0, {"role": "system", "content": self.system_prompt})
+        return chat
+
+    def prompt_text(self, prompt: str | list[dict[str, str]]) -> str:
+        """What the model reads, as text: the templated chat with the generation prompt, or the string itself."""
+        chat = self.messages(prompt)
+        if chat is None:
+            return prompt
+        return self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+
+    def encode_prompt(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        chat = self.messages(prompt)
+        if chat is None:  # raw text: the tokenizer adds its own specials (the demo's and Llama's BOS)
+            return list(self.tokenizer(prompt)["input_ids"])
+        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        # the template wrote BOS (if the model has one) itself: adding specials again would double it
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def encode_answer(self, answer: str) -> list[int]:
+        """A supervised target: the answer's tokens and EOS (the demo's warm-up)."""
+        return [*self.tokenizer(answer, add_special_tokens=False)["input_ids"], self.eos_id]
+
+    # ---- responses ----------------------------------------------------------------------------------------
+    def decode(self, ids: list[int]) -> str:
+        """Text up to (not including) the first end token; special tokens dropped."""
+        ends = set(self.end_ids)
+        cut = next((i for i, t in enumerate(ids) if t in ends), len(ids))
+        n = self.vocab_size
+        kept = [i for i in ids[:cut] if 0 <= i < n]  # a random or larger model emits any id
+        return self.tokenizer.decode(kept, skip_special_tokens=True)
+
+    # ---- the tokenizer's specials -------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.tokenizer.bos_token_id
+
+    @property
+    def eos_id(self) -> int:
+        return self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.end_ids[0]
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else self.eos_id

@@ -1,0 +1,126 @@
+"""A real tokenizer's shape (byte-level BPE, chat template, end tokens in three files) takes the same path as the
+demo's: prompts are templated with the generation prompt, generation stops on every declared end token, and a
+checkpoint is a whole Hugging Face model directory."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from laminar.data.codec import TaskCodec
+from laminar.engine import Engine, ModelConfig, SamplingParams
+from laminar.trainer.trainer import Trainer, TrainerConfig
+from tests.realmodel import REAL_STYLES, set_generation_eos, write_real_model_dir
+
+CHAT = [{"role": "user", "content": "What is 12 + 30?"}]
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return write_real_model_dir(tmp_path_factory.mktemp("llama3"), "llama3")
+
+
+@pytest.fixture(scope="module")
+def chatml_dir(tmp_path_factory):
+    return write_real_model_dir(tmp_path_factory.mktemp("chatml"), "chatml")
+
+
+def ids_of(codec, names):
+    return [codec.tokenizer.convert_tokens_to_ids(n) for n in names]
+
+
+def test_a_chat_prompt_round_trips_with_the_generation_prompt_and_one_bos(llama_dir):
+    codec = TaskCodec.from_dir(llama_dir)
+    ids = codec.encode_prompt(CHAT)
+    text = codec.tokenizer.decode(ids)
+    assert text == codec.tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert ids[0] == codec.bos_id and ids.count(codec.bos_id) == 1  # the template's BOS, not a second one
+    assert codec.encode_prompt("What is 12 + 30?") == ids  # a string is a user turn when there is a template
+    raw = TaskCodec.from_dir(llama_dir, chat_template="never").encode_prompt("What is 12 + 30?")
+    assert (
+        raw[0] == codec.bos_id
+        and raw.count(codec.bos_id) == 1
+        and "assistant" not in codec.tokenizer.decode(raw)
+    )
+    assert codec.tokenizer.decode(raw[1:]) == "What is 12 + 30?"
+
+
+def test_chatml_has_no_bos_and_the_system_prompt_comes_first(chatml_dir):
+    codec = TaskCodec.from_dir(chatml_dir, system_prompt="Be brief.")
+    text = codec.tokenizer.decode(codec.encode_prompt(CHAT))
+    assert codec.bos_id is None
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 12 + 30?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    own = [{"role": "system", "content": "Show your work."}, *CHAT]  # a row's own system message is kept
+    assert codec.tokenizer.decode(codec.encode_prompt(own)).count("<|im_start|>system") == 1
+
+
+def test_a_model_without_a_template_takes_raw_text_and_refuses_always_or_messages(tmp_path):
+    from laminar.data.tasks import build_tokenizer, save_tokenizer
+
+    save_tokenizer(build_tokenizer(), tmp_path)
+    assert TaskCodec.from_dir(tmp_path).encode_prompt("1 2 =") == [1, 5, 6, 3]  # BOS + tokens
+    with pytest.raises(
+        ValueError, match=f"data.chat_template=always but the model directory {tmp_path} has no"
+    ):
+        TaskCodec.from_dir(tmp_path, chat_template="always")
+    with pytest.raises(ValueError, match="is a list of chat messages but .* has no chat template"):
+        TaskCodec.from_dir(tmp_path).encode_prompt(CHAT)
+
+
+@pytest.mark.parametrize("style", ["llama3", "chatml"])
+def test_every_declared_end_token_ends_a_response_and_the_decode_stops_at_the_first(
+    style, llama_dir, chatml_dir
+):
+    model_dir = llama_dir if style == "llama3" else chatml_dir
+    s = REAL_STYLES[style]
+    codec = TaskCodec.from_dir(model_dir, stop_token_ids=[7])
+    declared = ids_of(codec, s["config_eos"] + s["generation_eos"] + [s["eos"]])
+    assert set(codec.end_ids) == {*declared, 7}
+    assert set(ModelConfig.from_dir(model_dir).eos_token_ids) == set(
+        ids_of(codec, s["config_eos"] + s["generation_eos"])
+    )
+    answer = codec.tokenizer("The answer is 42.", add_special_tokens=False)["input_ids"]
+    for end in codec.end_ids:
+        assert codec.decode(answer + [end] + answer) == "The answer is 42."
+
+
+def greedy(engine, prompt, **kw):
+    engine.add_request("r", prompt, SamplingParams(temperature=0, max_new_tokens=16, **kw))
+    while engine.has_unfinished():
+        for f in engine.step().finished:
+            return f
+    raise AssertionError("the engine finished nothing")
+
+
+def test_an_end_token_only_generation_config_declares_stops_the_engine(tmp_path):
+    model_dir = write_real_model_dir(tmp_path / "m", "llama3")
+    prompt = TaskCodec.from_dir(model_dir).encode_prompt(CHAT)
+    kw = {"use_cuda_graphs": False, "num_kv_blocks": 16}
+    free = greedy(Engine.from_pretrained(model_dir, **kw), prompt, ignore_eos=True).output_token_ids
+    stop, other = free[3], free[5]
+    declared = set(ModelConfig.from_dir(model_dir).eos_token_ids)
+    assert free.index(stop) == 3 and free.index(other) == 5 and not declared & set(free[:6])
+    set_generation_eos(model_dir, [stop])  # config.json does not declare it, the tokenizer's EOS is another
+    done = greedy(Engine.from_pretrained(model_dir, **kw), prompt)
+    assert done.finish_reason == "stop" and done.output_token_ids == free[:4]
+    # the tokenizer's EOS and the run's stop tokens reach the engine as `eos_token_ids`
+    set_generation_eos(model_dir, [])
+    done = greedy(Engine.from_pretrained(model_dir, eos_token_ids=[other], **kw), prompt)
+    assert done.finish_reason == "stop" and done.output_token_ids == free[:6]
+
+
+def test_a_checkpoint_is_a_whole_hugging_face_model_directory(llama_dir, tmp_path):
+    trainer = Trainer(TrainerConfig(model_path=str(llama_dir)))
+    out = trainer.save_checkpoint(tmp_path / "ckpt")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        assert (out / name).read_bytes() == (llama_dir / name).read_bytes(), name
+    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert tokenizer.chat_template == REAL_STYLES["llama3"]["template"]
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    for name, p in trainer.model.state_dict().items():
+        assert torch.equal(p, model.state_dict()[name]), name
+    before, after = TaskCodec.from_dir(llama_dir), TaskCodec.from_dir(out)
+    assert after.encode_prompt(CHAT) == before.encode_prompt(CHAT) and after.end_ids == before.end_ids
