@@ -13,6 +13,7 @@ COMMANDS = {
     ("bench", "schedules"): "laminar.schedules.bench:main",
     ("simulate",): "laminar.sim.cli:main",
     ("audit",): "laminar.telemetry.audit:main",
+    ("model", "import"): "laminar.models.gguf_import:main",
 }
 
 USAGE = """usage: laminar COMMAND [ARGS]
@@ -25,6 +26,7 @@ commands:
   bench schedules                  every schedule on one length-controlled workload
   simulate                         the cluster simulator (64 to 1024 GPUs)
   audit RUN_DIR                    every trajectory trained exactly once, or lost for a reason
+  model import FILE.gguf --out DIR a .gguf file (only) as a Hugging Face model directory (extra [gguf])
 """
 
 
