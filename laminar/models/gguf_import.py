@@ -48,11 +48,11 @@ def import_gguf(gguf_file: str | Path, out: str | Path) -> Path:
     """Writes the Hugging Face directory `out` (created; must not already hold a model) and returns it."""
     src, out = Path(gguf_file), Path(out)
     check_gguf(src)
-    check_extra()
     if (out / "config.json").exists():
         raise GGUFImportError(
             f"--out {out} already holds a model (config.json); give a new or empty directory"
         )
+    check_extra()
 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
