@@ -54,6 +54,10 @@ def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
             max_len=cfg.rollout.max_new_tokens,
             seed=t.seed,
         ).rows(t.num_prompts)
+    if cfg.task.name == "arith":
+        from laminar.data.arith import ArithTask, parse_levels
+
+        return ArithTask(parse_levels(cfg.task.arith_levels), seed=cfg.task.seed).rows(cfg.task.num_prompts)
     if Path(cfg.task.name).suffix == ".jsonl":
         return load_jsonl(cfg.task.name, required={"prompt": str})
     raise ValueError(f"task.name={cfg.task.name!r}: expected 'reverse' (built in) or a .jsonl file of rows")
@@ -99,7 +103,10 @@ class _ScorerFactory:
         from laminar.rewards.loader import DEFAULT_REWARD, RewardScorer
 
         codec = TaskCodec.from_dir(self.model_path)
-        default = "laminar.data.lengths:length_reward" if self.task == "lengths" else DEFAULT_REWARD
+        default = {
+            "lengths": "laminar.data.lengths:length_reward",
+            "arith": "laminar.rewards.math:default_score",
+        }.get(self.task, DEFAULT_REWARD)
         return RewardScorer(self.reward or default, codec.decode, timeout_s=self.timeout_s)
 
 
