@@ -22,12 +22,14 @@ INSTRUCTION = "Put the final answer in \\boxed{}."
 HELD_OUT_BUCKETS = 8  # one expression in 8 is held out
 
 LEVELS = {
-    1: "one step: a one-digit and a one- or two-digit number, added or subtracted",
-    2: "one step: two two-digit numbers, added or subtracted",
-    3: "two steps: three two-digit numbers, added and subtracted",
-    4: "one step: two three-digit numbers, added or subtracted",
-    5: "two steps: a one-digit times a two-digit number, then one added or subtracted",
-    6: "three steps: three-digit numbers, a product, a sum and a difference",
+    1: "a bare sum or difference of two numbers up to 30 ('What is 7 + 12?')",
+    2: "a bare sum or difference of two two-digit numbers ('What is 47 - 18?')",
+    3: "a word problem, one step: a one-digit and a one- or two-digit number, added or subtracted",
+    4: "a word problem, one step: two two-digit numbers, added or subtracted",
+    5: "a word problem, two steps: three two-digit numbers, added and subtracted",
+    6: "a word problem, one step: two three-digit numbers, added or subtracted",
+    7: "a word problem, two steps: a one-digit times a two-digit number, then one added or subtracted",
+    8: "a word problem, three steps: three-digit numbers, a product, a sum and a difference",
 }
 
 NAMES = ["Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jack", "Lena", "Omar"]
@@ -60,15 +62,31 @@ def _add_or_take(rng: random.Random, a: int, b: int) -> Problem:
     return Problem(text, f"{a} - {b}", a - b, 0)
 
 
+def _bare(a: int, b: int, rng: random.Random) -> Problem:
+    """`a + b` or `a - b` (a >= b), asked as a bare question."""
+    if rng.random() < 0.5:
+        return Problem(f"What is {a} + {b}?", f"{a} + {b}", a + b, 0)
+    a, b = max(a, b), min(a, b)
+    return Problem(f"What is {a} - {b}?", f"{a} - {b}", a - b, 0)
+
+
 def level_1(rng: random.Random) -> Problem:
-    return _add_or_take(rng, rng.randint(1, 9), rng.randint(1, 30))
+    return _bare(rng.randint(1, 30), rng.randint(1, 30), rng)
 
 
 def level_2(rng: random.Random) -> Problem:
-    return _add_or_take(rng, rng.randint(10, 99), rng.randint(10, 99))
+    return _bare(rng.randint(10, 99), rng.randint(10, 99), rng)
 
 
 def level_3(rng: random.Random) -> Problem:
+    return _add_or_take(rng, rng.randint(1, 9), rng.randint(1, 30))
+
+
+def level_4(rng: random.Random) -> Problem:
+    return _add_or_take(rng, rng.randint(10, 99), rng.randint(10, 99))
+
+
+def level_5(rng: random.Random) -> Problem:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     a, b = rng.randint(10, 99), rng.randint(10, 99)
     c = rng.randint(10, min(99, a + b))
@@ -79,11 +97,11 @@ def level_3(rng: random.Random) -> Problem:
     return Problem(text, f"{a} + {b} - {c}", a + b - c, 0)
 
 
-def level_4(rng: random.Random) -> Problem:
+def level_6(rng: random.Random) -> Problem:
     return _add_or_take(rng, rng.randint(100, 999), rng.randint(100, 999))
 
 
-def level_5(rng: random.Random) -> Problem:
+def level_7(rng: random.Random) -> Problem:
     name, item, box = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(CONTAINERS)
     a, b, c = rng.randint(2, 9), rng.randint(10, 99), rng.randint(1, 99)
     if rng.random() < 0.5:
@@ -100,7 +118,7 @@ def level_5(rng: random.Random) -> Problem:
     return Problem(text, f"{a} * {b} - {c}", a * b - c, 0)
 
 
-def level_6(rng: random.Random) -> Problem:
+def level_8(rng: random.Random) -> Problem:
     item, box = rng.choice(ITEMS), rng.choice(CONTAINERS)
     a, b, c = rng.randint(2, 9), rng.randint(100, 999), rng.randint(100, 999)
     d = rng.randint(100, a * b + c)
@@ -118,6 +136,8 @@ GENERATORS: dict[int, Callable[[random.Random], Problem]] = {
     4: level_4,
     5: level_5,
     6: level_6,
+    7: level_7,
+    8: level_8,
 }
 
 

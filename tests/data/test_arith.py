@@ -2,6 +2,7 @@
 
 import ast
 import operator
+import re
 
 import pytest
 
@@ -38,21 +39,19 @@ def test_rows_are_seeded_chat_prompts_with_the_expressions_value_as_answer():
         answer = evaluate(row["extra_info"]["expression"])
         assert row["ground_truth"] == str(answer) and answer >= 0
         # every number of the expression is in the problem's text
-        for number in (
-            row["extra_info"]["expression"].replace("*", " ").replace("+", " ").replace("-", " ").split()
-        ):
-            assert f" {number} " in f" {message['content']} "
+        for number in re.findall(r"\d+", row["extra_info"]["expression"]):
+            assert re.search(rf"\b{number}\b", message["content"])
         assert default_score(f"So the answer is \\boxed{{{answer}}}.", row) == 1.0
         assert default_score(f"So the answer is \\boxed{{{answer + 1}}}.", row) == 0.0
     assert {r["extra_info"]["level"] for r in rows} == set(ALL)  # levels in turn
 
 
 def test_the_held_out_split_shares_no_problem_with_training_and_repeats_none():
-    for levels in [(1,), (2,), ALL]:
+    for levels in [(1,), (3,), ALL]:
         task = ArithTask(levels=levels, seed=0)
         train = task.rows(4000)
-        held = task.held_out_rows(200)
-        assert held == ArithTask(levels=levels, seed=0).held_out_rows(200)
+        held = task.held_out_rows(100)
+        assert held == ArithTask(levels=levels, seed=0).held_out_rows(100)
         held_expressions = {r["extra_info"]["expression"] for r in held}
         assert not held_expressions & {r["extra_info"]["expression"] for r in train}
         texts = [r["prompt"][0]["content"] for r in held]
@@ -66,7 +65,7 @@ def test_the_held_out_split_shares_no_problem_with_training_and_repeats_none():
 
 def test_levels_are_checked_by_name():
     assert parse_levels("1,2") == (1, 2) and parse_levels(3) == (3,)
-    for bad in ("", "0", "1,x", "7"):
+    for bad in ("", "0", "1,x", "9"):
         with pytest.raises(
             ValueError, match=r"task.arith_levels=.*expected comma-separated levels from \[1, 2"
         ):
