@@ -14,6 +14,7 @@ COMMANDS = {
     ("bench", "convergence"): "laminar.bench.convergence:main",
     ("simulate",): "laminar.sim.cli:main",
     ("audit",): "laminar.telemetry.audit:main",
+    ("model", "import"): "laminar.models.gguf_import:main",
 }
 
 USAGE = """usage: laminar COMMAND [ARGS]
@@ -27,6 +28,7 @@ commands:
   bench convergence CONFIG         held-out accuracy over wall time of one job under several schedules
   simulate                         the cluster simulator (64 to 1024 GPUs)
   audit RUN_DIR                    every trajectory trained exactly once, or lost for a reason
+  model import FILE.gguf --out DIR a .gguf file (only) as a Hugging Face model directory (extra [gguf])
 """
 
 

@@ -27,7 +27,8 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = "reverse"  # reverse (the demo) | lengths (benchmarks) | a JSONL path
+    # reverse (the demo) | lengths (benchmarks) | arith (math word problems) | a JSONL path
+    name: str = "reverse"
     reward: str = ""  # dotted path module:function; empty = the task's own reward
     reward_timeout_s: float = 30.0  # a reward call that runs longer scores 0 and is counted as a reward error
     num_prompts: int = 4096
@@ -36,6 +37,7 @@ class TaskConfig:
     length_median: int = 64
     length_p99_ratio: float = 10.0
     lengths_file: str = ""
+    arith_levels: str = "1,2"  # the `arith` task: comma-separated levels (laminar.data.arith.LEVELS)
 
 
 @dataclass
@@ -293,10 +295,10 @@ def validate(cfg: Config) -> None:
             "a local Hugging Face model directory (config.json + *.safetensors)",
         )
     _check(
-        cfg.task.name in ("reverse", "lengths") or cfg.task.name.endswith(".jsonl"),
+        cfg.task.name in ("reverse", "lengths", "arith") or cfg.task.name.endswith(".jsonl"),
         "task.name",
         cfg.task.name,
-        "reverse (the demo), lengths (the benchmark workload) or a .jsonl file of rows",
+        "reverse (the demo), lengths (the benchmark workload), arith (math word problems) or a .jsonl file",
     )
     d = cfg.data
     for name in ("train_files", "val_files"):
@@ -326,6 +328,13 @@ def validate(cfg: Config) -> None:
         cfg.rollout.stop_token_ids,
         "token ids (non-negative integers)",
     )
+    if cfg.task.name == "arith":
+        from laminar.data.arith import parse_levels
+
+        try:
+            parse_levels(cfg.task.arith_levels)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     _check(
         cfg.buffer.sampler in SAMPLERS or ":" in cfg.buffer.sampler,
         "buffer.sampler",

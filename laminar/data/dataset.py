@@ -241,10 +241,16 @@ def train_rows(cfg: Any) -> list[dict[str, Any]]:
             seed=t.seed,
         ).rows(t.num_prompts)
         keep = ("sampling",)  # each row fixes its response length
+    elif t.name == "arith":
+        from laminar.data.arith import ArithTask, parse_levels
+
+        made, keep = ArithTask(parse_levels(t.arith_levels), seed=t.seed).rows(t.num_prompts), ()
     elif Path(t.name).suffix == ".jsonl":
         return load_file(t.name, d.prompt_key)
     else:
-        raise ValueError(f"task.name={t.name!r}: expected 'reverse' (built in) or a .jsonl file of rows")
+        raise ValueError(
+            f"task.name={t.name!r}: expected reverse, lengths or arith (built in) or a .jsonl file of rows"
+        )
     return [normalise_row(r, i, f"task {t.name}", keep=keep) for i, r in enumerate(made)]
 
 

@@ -50,8 +50,9 @@ class RewardScorer:
     """Scores trajectories. A failure gives 0.0, is noted on the trajectory (`meta["reward_error"]`) and queued
     for the replica's next report (`drain_errors`), so one bad row never kills a rollout or drops a group.
 
-    With `timeout_s`, the function runs on a helper thread; a call that runs past it is abandoned (Python cannot
-    stop a thread) and later calls go to a fresh thread."""
+    With `timeout_s`, each call runs on its own daemon thread; a call that runs past it is abandoned (Python
+    cannot stop a thread; a daemon one at least never holds up the process's exit). Safe to call from several
+    threads at once (`ScoringPool`)."""
 
     def __init__(
         self, fn: RewardFn | str, decode: Callable[[list[int]], str], timeout_s: float | None = None
@@ -65,14 +66,14 @@ class RewardScorer:
         self.errors = 0
         self.scored = 0
         self.pending: list[dict[str, Any]] = []  # failures not yet reported
-        self._lock = threading.Lock()  # scoring and reporting run on different threads
-        self._pool: cf.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()  # scoring (several threads) and reporting run on different threads
 
     def score(self, traj: Trajectory, row: dict[str, Any]) -> float:
-        self.scored += 1
         reward, kind, message = self._call(self.decode(traj.response_ids), row)
+        with self._lock:
+            self.scored += 1
+            self.errors += kind is not None
         if kind is not None:
-            self.errors += 1
             where = row.get("row", traj.group_id)
             traj.meta["reward_error"] = (
                 f"reward function {self.name} on row {where} (trajectory {traj.traj_id}): {message}"
@@ -89,25 +90,21 @@ class RewardScorer:
         return reward
 
     def _call(self, text: str, row: dict[str, Any]) -> tuple[float, str | None, str]:
+        if self.timeout_s is None:
+            return self._run(text, row)
+        result: list[tuple[float, str | None, str]] = []
+        worker = threading.Thread(
+            target=lambda: result.append(self._run(text, row)), name="reward", daemon=True
+        )
+        worker.start()
+        worker.join(self.timeout_s)
+        if not result:
+            return 0.0, "timeout", f"did not return within {self.timeout_s:g}s (task.reward_timeout_s)"
+        return result[0]
+
+    def _run(self, text: str, row: dict[str, Any]) -> tuple[float, str | None, str]:
         try:
-            if self.timeout_s is None:
-                value = self.fn(text, row)
-            else:
-                if self._pool is None:
-                    self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
-                future = self._pool.submit(self.fn, text, row)
-                try:
-                    value = future.result(timeout=self.timeout_s)
-                except cf.TimeoutError:
-                    self._pool.shutdown(
-                        wait=False
-                    )  # the hung call keeps its thread; the next call gets a new one
-                    self._pool = None
-                    return (
-                        0.0,
-                        "timeout",
-                        f"did not return within {self.timeout_s:g}s (task.reward_timeout_s)",
-                    )
+            value = self.fn(text, row)
         except Exception as e:  # noqa: BLE001 - any failure in user code is recorded, not raised
             return 0.0, "raised", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
         return check_reward(value)
@@ -120,3 +117,26 @@ class RewardScorer:
 
     def stats(self) -> dict[str, int]:
         return {"scored": self.scored, "reward_errors": self.errors}
+
+
+class ScoringPool:
+    """Scores finished trajectories on a few threads, off the decode loop, then hands each to `store`. A reward
+    that hangs holds one thread until its timeout, not every trajectory finished after it."""
+
+    def __init__(self, scorer: RewardScorer, workers: int = 4, name: str = "score") -> None:
+        if workers < 1:
+            raise ValueError(f"ScoringPool workers={workers}: must be at least 1")
+        self.scorer = scorer
+        self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+
+    def submit(self, traj: Trajectory, row: dict[str, Any], store: Callable[[Trajectory], None]) -> cf.Future:
+        """The future fails if `store` raised (the scorer itself never raises for a bad reward)."""
+
+        def score_and_store() -> None:
+            self.scorer.score(traj, row)
+            store(traj)
+
+        return self._pool.submit(score_and_store)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._pool.shutdown(wait=wait)

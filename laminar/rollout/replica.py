@@ -22,6 +22,9 @@ import ray
 import torch
 
 from laminar.data.records import PromptGroup, Trajectory, is_eval
+from laminar.rewards.loader import ScoringPool
+
+SCORE_WORKERS = 4  # threads a replica scores finished trajectories on
 
 
 def sample_seed(run_seed: int, traj_id: str) -> int:
@@ -92,7 +95,8 @@ class RolloutReplica:
         self.interrupt_on_update = interrupt_on_update  # the `partial` baseline; Laminar never does this
         self.inflight: dict[str, InFlight] = {}
         self.commands: queue.Queue[_Command] = queue.Queue()
-        self.score_pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"score-{replica_id}")
+        # several scoring threads: a reward that hangs until its timeout holds one, not every group after it
+        self.scoring = ScoringPool(scorer, SCORE_WORKERS, name=f"score-{replica_id}")
         self.stop_event = threading.Event()
         self.tokens_generated = 0
         self.busy_s = 0.0
@@ -111,7 +115,7 @@ class RolloutReplica:
     def stop(self, timeout_s: float = 30.0) -> None:
         self.stop_event.set()
         self._thread.join(timeout_s)
-        self.score_pool.shutdown(wait=True)
+        self.scoring.shutdown(wait=True)
         try:  # a last report, waited for, so reward errors scored since the last heartbeat are counted
             ray.get(self._beat(force=True), timeout=timeout_s)
         except (ray.exceptions.RayError, TimeoutError):
@@ -336,7 +340,8 @@ class RolloutReplica:
             t_start=state.t_start,
             t_end=time.time(),
         )
-        self.score_pool.submit(self._score_and_store, traj, state.group).add_done_callback(self._stored)
+        # a failing reward scores 0 and is noted on the trajectory; only a failed store fails the future
+        self.scoring.submit(traj, state.group.meta, self._store).add_done_callback(self._stored)
 
     def _stored(self, future: cf.Future) -> None:
         """A finished trajectory that did not reach the buffer would be lost silently: the replica is declared
@@ -346,9 +351,8 @@ class RolloutReplica:
             self.error_line, self.error_kind = describe_error(exc)
             self.error = "".join(traceback.format_exception(exc))
 
-    def _score_and_store(self, traj: Trajectory, group: PromptGroup) -> None:
-        traj.reward = self.scorer.score(traj, group.meta)  # a failing reward function scores 0, noted on traj
-        if is_eval(group.group_id):
+    def _store(self, traj: Trajectory) -> None:
+        if is_eval(traj.group_id):  # an evaluation sample: kept aside for the evaluator, never trained on
             ray.get(self.buffer.add_eval.remote(traj), timeout=self.timeout_s)
             return
         ray.get(self.buffer.add.remote(traj), timeout=self.timeout_s)

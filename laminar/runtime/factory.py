@@ -64,7 +64,10 @@ class ScorerRecipe:
         from laminar.rewards.loader import DEFAULT_REWARD, RewardScorer
 
         codec = TaskCodec.from_dir(self.model_path, stop_token_ids=self.stop_token_ids)
-        default = "laminar.data.lengths:length_reward" if self.task == "lengths" else DEFAULT_REWARD
+        default = {
+            "lengths": "laminar.data.lengths:length_reward",
+            "arith": "laminar.rewards.math:default_score",
+        }.get(self.task, DEFAULT_REWARD)
         return RewardScorer(self.reward or default, codec.decode, timeout_s=self.timeout_s)
 
 

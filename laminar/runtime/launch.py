@@ -53,6 +53,12 @@ def eval_rows(cfg: Config) -> list[dict[str, Any]]:
     if cfg.task.name == "reverse":  # another seed than training's
         made = ReverseTask(seed=cfg.task.seed + 1_000_003).rows(cfg.eval.num_prompts)
         return [normalise_row(r, i, "task reverse (held out)") for i, r in enumerate(made)]
+    if cfg.task.name == "arith":  # problems whose expressions training never draws
+        from laminar.data.arith import ArithTask, parse_levels
+
+        task = ArithTask(parse_levels(cfg.task.arith_levels), seed=cfg.task.seed)
+        made = task.held_out_rows(cfg.eval.num_prompts)
+        return [normalise_row(r, i, "task arith (held out)") for i, r in enumerate(made)]
     return []
 
 

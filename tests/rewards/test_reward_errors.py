@@ -1,5 +1,6 @@
 """A reward that raises, runs too long or returns a non-number scores 0, and every failure is kept to report."""
 
+import concurrent.futures as cf
 import math
 import threading
 
@@ -8,7 +9,7 @@ import pytest
 
 from laminar.data.records import Trajectory
 from laminar.data.tasks import TaskCodec
-from laminar.rewards.loader import RewardScorer, check_reward
+from laminar.rewards.loader import RewardScorer, ScoringPool, check_reward
 
 CODEC = TaskCodec()
 
@@ -79,3 +80,44 @@ def test_a_reward_past_its_timeout_scores_zero_and_the_next_call_is_not_held_up(
     assert error["error_kind"] == "timeout" and "0.2s" in error["error"] and calls == [0, 1]
     with pytest.raises(ValueError, match="timeout_s=0"):
         RewardScorer(slow_then_fast, CODEC.decode, timeout_s=0)
+
+
+def test_a_reward_slower_than_its_timeout_does_not_hold_up_the_trajectories_finished_after_it():
+    """How a replica scores: trajectory 0's reward hangs past its timeout; the three finished after it are
+    stored first (with a single scoring thread they would queue behind it), then 0 with score 0 and its error."""
+    release = threading.Event()
+    stored: list[str] = []
+
+    def hangs_on_row_zero(response, row):
+        if row["row"] == 0:
+            release.wait(60)
+        return 1.0
+
+    scoring = ScoringPool(RewardScorer(hangs_on_row_zero, CODEC.decode, timeout_s=2.0), workers=2)
+    try:
+        trajs = [traj(f"{i}:0") for i in range(4)]
+        futures = [
+            scoring.submit(t, {"row": i}, lambda t: stored.append(t.traj_id)) for i, t in enumerate(trajs)
+        ]
+        done, _ = cf.wait(futures, timeout=60)
+    finally:
+        release.set()
+        scoring.shutdown()
+    assert len(done) == 4 and all(f.exception() is None for f in futures)
+    assert stored == ["1:0", "2:0", "3:0", "0:0"]
+    assert [t.reward for t in trajs] == [0.0, 1.0, 1.0, 1.0]
+    [error] = scoring.scorer.drain_errors()
+    assert error["traj_id"] == "0:0" and error["error_kind"] == "timeout"
+    assert scoring.scorer.stats() == {"scored": 4, "reward_errors": 1}
+
+
+def test_a_failed_store_fails_the_future_so_the_replica_can_declare_itself_dead():
+    scoring = ScoringPool(RewardScorer(lambda response, row: 1.0, CODEC.decode))
+
+    def store(t):
+        raise TimeoutError("buffer did not answer")
+
+    future = scoring.submit(traj(), {"row": 1}, store)
+    with pytest.raises(TimeoutError, match="buffer did not answer"):
+        future.result(timeout=30)
+    scoring.shutdown()

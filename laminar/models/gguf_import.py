@@ -1,0 +1,115 @@
+"""`laminar model import FILE.gguf --out DIR`: a GGUF file (llama.cpp's format) becomes a plain Hugging Face
+model directory that the trainer, the engine and `transformers` all load.
+
+transformers reads a GGUF and dequantizes it, but a model loaded that way keeps its quantization config and
+`save_pretrained` refuses it; so the weights are copied into a fresh model built from the same config, and that
+one is saved (safetensors), with the tokenizer, its chat template and a generation config beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+GGUF_MAGIC = b"GGUF"
+EXTRA = "pip install 'laminar[gguf]' (the gguf and accelerate packages)"
+
+
+class GGUFImportError(ValueError):
+    """The input cannot be imported; the message says what is wrong and what would be right."""
+
+
+def check_gguf(path: Path) -> None:
+    if path.suffix != ".gguf":
+        raise GGUFImportError(
+            f"{path}: `laminar model import` takes a .gguf file (llama.cpp's format), got {path.suffix or 'no suffix'!r}"
+        )
+    if not path.is_file():
+        raise GGUFImportError(f"{path} does not exist; give the path of a .gguf file")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise GGUFImportError(
+            f"{path} is not a GGUF file: it starts with {magic!r}, a GGUF file starts with b'GGUF'"
+        )
+
+
+def check_extra() -> None:
+    for module in ("gguf", "accelerate"):
+        try:
+            __import__(module)
+        except ModuleNotFoundError as e:
+            raise GGUFImportError(f"importing a GGUF needs the {module!r} package: {EXTRA}") from e
+
+
+def import_gguf(gguf_file: str | Path, out: str | Path) -> Path:
+    """Writes the Hugging Face directory `out` (created; must not already hold a model) and returns it."""
+    src, out = Path(gguf_file), Path(out)
+    check_gguf(src)
+    if (out / "config.json").exists():
+        raise GGUFImportError(
+            f"--out {out} already holds a model (config.json); give a new or empty directory"
+        )
+    check_extra()
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name)
+    config = loaded.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
+        config.pop(key, None)
+    model_type = config.pop("model_type")
+    fresh = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config))
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    tied = {"lm_head.weight"} if fresh.config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise GGUFImportError(
+            f"{src}: the GGUF's tensors do not match a {model_type} model built from its own config "
+            f"(missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]})"
+        )
+    fresh.tie_weights()
+
+    out.mkdir(parents=True, exist_ok=True)
+    fresh.save_pretrained(out, safe_serialization=True)
+    GenerationConfig(
+        bos_token_id=fresh.config.bos_token_id,
+        eos_token_id=fresh.config.eos_token_id,
+        pad_token_id=fresh.config.pad_token_id,
+    ).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    portable_tokenizer_config(out, tokenizer.chat_template, fresh.config.max_position_embeddings)
+    return out
+
+
+def portable_tokenizer_config(out: Path, chat_template: str | None, max_len: int) -> None:
+    """The tokenizer config as every transformers version reads it: the fast tokenizer class by its old name,
+    the chat template inline as well as in chat_template.jinja, a real maximum length, no load-time flags."""
+    path = out / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    for key in ("is_local", "local_files_only", "backend"):
+        cfg.pop(key, None)
+    cfg.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_len)
+    if chat_template:
+        cfg["chat_template"] = chat_template
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="laminar model import",
+        description="Convert a .gguf file (llama.cpp's format; only .gguf is accepted) into a Hugging Face "
+        "model directory: safetensors, config.json, generation_config.json, tokenizer and chat template.",
+    )
+    parser.add_argument("gguf_file", help="the .gguf file to import")
+    parser.add_argument("--out", required=True, help="the directory to write (new or empty)")
+    args = parser.parse_args(argv)
+    try:
+        out = import_gguf(args.gguf_file, args.out)
+    except GGUFImportError as e:
+        print(f"laminar model import: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}: load it with model.path={out}")
+    return 0
