@@ -101,6 +101,8 @@ def normalise_row(
         )
     truth, field = (reward_model or {}).get("ground_truth"), "reward_model.ground_truth"
     if truth is None:
+        truth, field = raw.get("ground_truth"), "ground_truth"
+    if truth is None:
         truth, field = raw.get("answer"), "answer"
     if truth is not None and (isinstance(truth, bool) or not isinstance(truth, str | int | float)):
         raise _fail(

@@ -14,6 +14,7 @@ from laminar.data.dataset import (
     DatasetError,
     check_prompts,
     load_rows,
+    normalise_row,
     read_dataset_files,
     train_rows,
     val_rows,
@@ -198,3 +199,11 @@ def test_laminar_train_stops_on_a_bad_row_before_anything_starts(tmp_path, capsy
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "run").exists()
+
+
+def test_a_top_level_ground_truth_is_kept_and_the_arith_task_rows_carry_theirs():
+    row = normalise_row({"prompt": "1 + 1?", "ground_truth": 2}, 0, "rows")
+    assert row["ground_truth"] == "2"
+    cfg = load_config(None, ["task.name=arith", "task.num_prompts=5"])
+    rows = train_rows(cfg)
+    assert len(rows) == 5 and all(r["ground_truth"] and r["data_source"] == "arith" for r in rows)
