@@ -12,6 +12,7 @@ COMMANDS = {
     ("bench", "relay"): "laminar.bench.relay:main",
     ("bench", "schedules"): "laminar.bench.schedules:main",
     ("bench", "convergence"): "laminar.bench.convergence:main",
+    ("bench", "trainer"): "laminar.bench.trainer:main",
     ("simulate",): "laminar.sim.cli:main",
     ("audit",): "laminar.telemetry.audit:main",
     ("model", "import"): "laminar.models.gguf_import:main",
@@ -26,6 +27,7 @@ commands:
   bench relay                      weight propagation along the relay chain
   bench schedules                  every schedule on one length-controlled workload
   bench convergence CONFIG         held-out accuracy over wall time of one job under several schedules
+  bench trainer                    the trainer step alone on synthetic groups: tokens/s, padding, MFU
   simulate                         the cluster simulator (64 to 1024 GPUs)
   audit RUN_DIR                    every trajectory trained exactly once, or lost for a reason
   model import FILE.gguf --out DIR a .gguf file (only) as a Hugging Face model directory (extra [gguf])

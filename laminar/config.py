@@ -81,7 +81,10 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.28
-    micro_batch: int = 64
+    micro_batch: int = 64  # sequences per forward/backward (longest first)
+    micro_batch_tokens: int = (
+        0  # > 0: micro-batches filled up to this many padded tokens instead of `micro_batch`
+    )
     correction: str = "none"  # none | tis | mis (decoupled PPO with truncated / masked importance weights)
     is_cap: float = 2.0
     num_cpus: float = 1.0
@@ -380,6 +383,12 @@ def validate(cfg: Config) -> None:
     _check(t.clip_high >= 0, "trainer.clip_high", t.clip_high, "non-negative")
     _check(t.correction in ("none", "tis", "mis"), "trainer.correction", t.correction, "none, tis or mis")
     _check(t.micro_batch >= 1, "trainer.micro_batch", t.micro_batch, "at least 1")
+    _check(
+        t.micro_batch_tokens >= 0,
+        "trainer.micro_batch_tokens",
+        t.micro_batch_tokens,
+        "0 (micro-batches of trainer.micro_batch sequences) or a number of padded tokens",
+    )
     _check(t.kl_coef >= 0, "trainer.kl_coef", t.kl_coef, "0 (no reference model) or a positive number")
     _check(
         1 <= t.mini_batches <= t.groups_per_step * t.group_size,

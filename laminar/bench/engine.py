@@ -18,14 +18,14 @@ import torch
 
 from laminar.engine.config import ModelConfig, SamplingParams
 from laminar.engine.engine import Engine
-from laminar.engine.random_model import SHAPES
+from laminar.engine.random_model import SHAPES, shape_config
 
 
 def build_hf_model(name: str, device: str, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
     if name in SHAPES:
-        cfg = Qwen2Config(**SHAPES[name], max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e6)
+        cfg = shape_config(name)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     else:

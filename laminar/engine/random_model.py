@@ -11,11 +11,22 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 # Real models' shapes (Hugging Face config fields), for throughput runs with random weights.
 SHAPES = {
+    "smollm2-135m": dict(  # Llama architecture
+        architecture="llama",
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+    ),
     "qwen2.5-0.5b": dict(
         hidden_size=896,
         num_hidden_layers=24,
@@ -46,9 +57,20 @@ SHAPES = {
 }
 
 
+def shape_config(shape: str, **extra: Any) -> Any:
+    """The Hugging Face config of a named shape (Qwen2 unless the shape says otherwise)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    if shape not in SHAPES:
+        raise ValueError(f"shape {shape!r} is not one of {sorted(SHAPES)}")
+    fields = dict(SHAPES[shape])
+    kind = LlamaConfig if fields.pop("architecture", "qwen2") == "llama" else Qwen2Config
+    return kind(**fields, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e6, **extra)
+
+
 def write_random_model(shape: str, out: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:
     """Saves config, safetensors, generation config and the task tokenizer; returns the directory."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
     from laminar.data.tasks import TaskCodec, save_model_dir
 
@@ -59,15 +81,7 @@ def write_random_model(shape: str, out: str | Path, seed: int = 0, dtype: str = 
     codec = TaskCodec()
     t0 = time.perf_counter()
     torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        **SHAPES[shape],
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        rope_theta=1e6,
-        bos_token_id=codec.bos_id,
-        eos_token_id=codec.eos_id,
-        pad_token_id=codec.pad_id,
-    )
+    cfg = shape_config(shape, bos_token_id=codec.bos_id, eos_token_id=codec.eos_id, pad_token_id=codec.pad_id)
     model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
     out = save_model_dir(model, codec, out)
     info = {

@@ -160,6 +160,7 @@ class Runtime:
             weight_decay=t.weight_decay,
             grad_clip=t.max_grad_norm,
             micro_batch_size=t.micro_batch,
+            micro_batch_tokens=t.micro_batch_tokens,
             mini_batches=t.mini_batches,
             seed=cfg.run.seed,
             threads=max(1, int(t.num_cpus)),

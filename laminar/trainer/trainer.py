@@ -32,6 +32,9 @@ class TrainerConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_size: int = 32  # sequences per forward/backward; memory, not maths
+    micro_batch_tokens: int = (
+        0  # > 0: micro-batches filled up to this many padded tokens instead (longest first)
+    )
     mini_batches: int = 1  # optimizer updates per train_step (version still counts train_steps)
     seed: int = 0
     threads: int = 1
@@ -43,6 +46,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if isinstance(self.grpo, dict):
             self.grpo = GRPOConfig(**self.grpo)
+        if self.micro_batch_tokens < 0:
+            raise ValueError(f"trainer.micro_batch_tokens={self.micro_batch_tokens}: must be >= 0")
         for name in ("lr", "micro_batch_size", "mini_batches", "threads", "max_nonfinite_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"trainer.{name}={getattr(self, name)}: must be > 0")
@@ -160,8 +165,7 @@ class Trainer:
             num_tokens = sum(len(trajs[i].response_ids) for i in mb)
             self.optimizer.zero_grad(set_to_none=True)
             mb_loss = 0.0
-            for start in range(0, len(mb), self.cfg.micro_batch_size):
-                idx = mb[start : start + self.cfg.micro_batch_size]
+            for idx in self.micro_batches([trajs[i].num_tokens for i in mb], mb):
                 batch = self._collate([trajs[i] for i in idx], [adv_of[i] for i in idx])
                 logp = self._forward_logprobs(self.model, batch)
                 ref = None
@@ -252,6 +256,23 @@ class Trainer:
         )
 
     # ---- batching -------------------------------------------------------------------------------------------
+
+    def micro_batches(self, lengths: list[int], index: list[int]) -> list[list[int]]:
+        """`index` cut into micro-batches, longest sequences first, so each micro-batch pads to a length close to
+        its own (the loss is normalised by the whole mini-batch's tokens: the order changes no gradient). By
+        count (`micro_batch_size`), or filled up to `micro_batch_tokens` padded tokens when that is set."""
+        order = [i for _, i in sorted(zip(lengths, index), key=lambda p: -p[0])]
+        width = dict(zip(index, lengths))
+        if self.cfg.micro_batch_tokens <= 0:
+            n = self.cfg.micro_batch_size
+            return [order[s : s + n] for s in range(0, len(order), n)]
+        out: list[list[int]] = []
+        for i in order:  # longest first: a micro-batch's padded size is its count x its first length
+            if out and (len(out[-1]) + 1) * width[out[-1][0]] <= self.cfg.micro_batch_tokens:
+                out[-1].append(i)
+            else:
+                out.append([i])
+        return out
 
     def _collate(self, trajs: list[Trajectory], advs: list[float] | None = None) -> dict[str, torch.Tensor]:
         """Right-padded [B, L] ids; the other tensors are [B, L-1], aligned with next-token predictions."""

@@ -73,6 +73,19 @@ def test_micro_batch_size_does_not_change_the_update():
         assert torch.allclose(va, vb, atol=1e-6), k
 
 
+def test_micro_batches_by_padded_tokens_go_longest_first_and_do_not_change_the_update():
+    tr = make_trainer(micro_batch_tokens=12)
+    cuts = tr.micro_batches([3, 9, 4, 6, 2], [10, 11, 12, 13, 14])
+    assert cuts == [[11], [13, 12], [10, 14]]  # padded sizes 9, 2 x 6 = 12, 2 x 3 = 6: none above 12
+    assert make_trainer().micro_batches([3, 9, 4], [0, 1, 2]) == [[1, 2, 0]]  # by count: longest first
+    a, b = make_trainer(), make_trainer(micro_batch_tokens=16)
+    groups = make_groups(a)
+    a.train_step(groups)
+    b.train_step(groups)
+    for (k, va), vb in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.allclose(va, vb, atol=1e-6), k
+
+
 def test_staleness_is_measured_against_the_consuming_version():
     tr = make_trainer()
     tr.train_step(make_groups(tr))
