@@ -118,6 +118,8 @@ def normalise_row(
         raise _fail(source, i, f"field 'extra_info' must be an object, got {type(extra).__name__}")
     row["extra_info"] = extra or {}
     row.update({k: raw[k] for k in keep if k in raw})
+    # the row's other fields stay as they are: a custom reward may read them (verl puts them in extra_info)
+    row.update({k: v for k, v in raw.items() if k not in row and k != prompt_key})
     return row
 
 

@@ -4,6 +4,7 @@ itself: the trainer's files, then `RUNTIME_STATE` with the pools, the buffer and
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from laminar.trainer.state_files import read_json
@@ -19,10 +20,13 @@ def log_sizes(run_dir: Path) -> dict[str, int]:
 
 
 def finish_checkpoint_swap(checkpoint: Path) -> None:
-    """A kill between the two renames of `Runtime.checkpoint` leaves only `checkpoint.old`: take it back."""
+    """A kill between the two renames of `Runtime.checkpoint` leaves only `checkpoint.old`: take it back; a kill
+    after them leaves both: the old one goes."""
     old = checkpoint.with_name(checkpoint.name + ".old")
     if not checkpoint.exists() and old.exists():
         old.rename(checkpoint)
+    elif old.exists():  # stopped after the new one was in place, before the old one was deleted
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def rewind_to_checkpoint(run_dir: Path, checkpoint: Path) -> dict[str, int]:

@@ -482,6 +482,7 @@ class Runtime:
         }
         write_json(tmp / RUNTIME_STATE, state)
         if path.exists():
+            shutil.rmtree(old, ignore_errors=True)  # left by a run stopped between the last two steps below
             path.rename(old)
         tmp.rename(path)
         shutil.rmtree(old, ignore_errors=True)

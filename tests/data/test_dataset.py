@@ -48,6 +48,8 @@ NORMALISED = [
         "data_source": "openai/gsm8k",
         "ground_truth": r["reward_model"]["ground_truth"],
         "extra_info": r["extra_info"],
+        "ability": "math",  # the row's other fields, as they are
+        "reward_model": r["reward_model"],
     }
     for r in VERL_ROWS
 ]

@@ -182,8 +182,9 @@ def test_failing_rewards_and_a_dead_replica_loop_cost_nothing_and_leave_no_share
 def test_replicas_failing_the_same_way_stop_the_run_in_seconds_with_one_line(
     ray_cluster, tiny_model_dir, tmp_path, capsys
 ):
-    too_long = " ".join(["7"] * 200)  # 200 digits: more tokens than the tiny model's 128 positions
-    data = write_rows(tmp_path / "long.jsonl", [{"prompt": f"{too_long} =", "answer": "7"}] * 4)
+    # Rows the driver accepts but every replica fails on: a row's own sampling the engine refuses.
+    bad = {"prompt": "1 2 =", "answer": "2 1", "sampling": {"top_p": 5.0}}
+    data = write_rows(tmp_path / "bad-sampling.jsonl", [bad] * 4)
     out = tmp_path / "run"
     t0 = time.monotonic()
     code = main(
@@ -203,7 +204,7 @@ def test_replicas_failing_the_same_way_stop_the_run_in_seconds_with_one_line(
     assert ours[0].startswith(
         "laminar train: rollout replicas failed 3 times in a row with the same error"
     ), err
-    assert "max_model_len is 128" in ours[0] and f"traceback in {out / 'error.log'}" in ours[0]
+    assert "top_p=5.0" in ours[0] and f"traceback in {out / 'error.log'}" in ours[0]
     # a dead loop nobody noticed would leave the trainer waiting out the buffer's 120 s timeout after the start
     assert elapsed < 120, f"took {elapsed:.0f}s: the run waited out the experience buffer's timeout"
     failures = [r for r in strict_lines(out / "metrics.jsonl") if r["kind"] == "replica_error"]

@@ -33,6 +33,15 @@ def test_logs_past_the_checkpoint_move_aside(tmp_path):
     )  # a second resume from the same checkpoint: nothing more
 
 
+def test_a_kill_after_the_swap_leaves_the_new_checkpoint_and_drops_the_old(tmp_path):
+    for name in ("checkpoint", "checkpoint.old"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / RUNTIME_STATE).write_text(f'{{"which": "{name}"}}')
+    finish_checkpoint_swap(tmp_path / "checkpoint")
+    assert not (tmp_path / "checkpoint.old").exists()
+    assert (tmp_path / "checkpoint" / RUNTIME_STATE).read_text() == '{"which": "checkpoint"}'
+
+
 def test_a_swap_cut_short_by_a_kill_is_finished(tmp_path):
     old = tmp_path / "checkpoint.old"
     old.mkdir()
