@@ -62,6 +62,10 @@ def eval_rows(cfg: Config) -> list[dict[str, Any]]:
     return []
 
 
+def _alive(_actor: Any) -> bool:
+    return True
+
+
 def _node_of(_actor: Any) -> str:
     return ray.get_runtime_context().get_node_id()
 
@@ -284,11 +288,20 @@ class Runtime:
 
     def check_rollouts(self) -> None:
         """Bring the manager's records into the run log (the console shows errors as they come) and raise
-        `RolloutFailure` if replicas keep failing the same way."""
+        `RolloutFailure` if replicas keep failing the same way, or if a control actor has died (the rollouts
+        would wait for work that never comes until the buffer's timeout)."""
         self.collect()
         fatal = ray.get(self.manager.fatal_error.remote(), timeout=self.cfg.run.timeout_s)
         if fatal is not None:
             raise RolloutFailure(fatal)
+        for name in ("prompt_pool", "partial_pool"):
+            try:
+                ray.get(getattr(self, name).__ray_call__.remote(_alive), timeout=self.cfg.run.timeout_s)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+                raise RolloutFailure(
+                    f"the {name.replace('_', ' ')} died ({type(e).__name__}); the last checkpoint is consistent: "
+                    "continue with laminar train --resume RUN_DIR"
+                ) from e
 
     def train(self, groups: list[list[Trajectory]], push: bool = False) -> dict[str, Any]:
         """One trainer step plus its publish; logs the step and tells the manager. `push` makes the publish a
