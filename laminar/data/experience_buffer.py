@@ -164,6 +164,14 @@ class ExperienceBuffer:
         self.required[group_id] = version
         return True
 
+    def resumed(self) -> int:
+        """After a restore: every group not complete is issued again whole, at the resumed run's versions, so no
+        group may still be held to the version a recovery restarted it at (its samples would all be refused:
+        the group lost). The newest version wins as for any group. Returns how many constraints went."""
+        n = len(self.required)
+        self.required.clear()
+        return n
+
     def group_state(self, group_id: int, traj_ids: list[str]) -> tuple[list[str], set[int]]:
         """Which of a group's ids the buffer has (or had), and the versions of those it holds now."""
         held = self.pending.get(group_id, {})

@@ -151,8 +151,10 @@ class BufferActor:
             return self.buffer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A resume: the restored buffer, with no group held to a version of the stopped run (`resumed`)."""
         with self.cond:
             self.buffer.load_state_dict(state)
+            self.buffer.resumed()
 
 
 PromptPoolActor = ray.remote(num_cpus=0)(PromptPool)

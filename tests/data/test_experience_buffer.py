@@ -119,3 +119,17 @@ def test_state_dict_round_trip_loses_and_duplicates_nothing():
     assert [g[0].group_id for g in other.sample(2, version=1)] == [3, 1]
     with pytest.raises(ValueError, match="sample_idx 5"):
         other.add(traj(9, 5))
+
+
+def test_a_group_restarted_before_a_checkpoint_is_taken_again_at_the_resumed_version():
+    """Recovery held group 6 to version 3 just before the checkpoint; the resumed run issues it again at its own
+    version (4). Without `resumed` every new sample was refused and the group was lost (the audit caught it)."""
+    buf = ExperienceBuffer(group_size=2)
+    buf.add(traj(6, 0, 1))
+    assert buf.restart_group(6, ["6:0", "6:1"], version=3)
+    buf.add(traj(6, 0, 3))  # one sample of the restart made it before the checkpoint
+    restored = ExperienceBuffer(group_size=2)
+    restored.load_state_dict(buf.state_dict())
+    assert restored.resumed() == 1
+    assert restored.add(traj(6, 0, 4)) and restored.add(traj(6, 1, 4))  # the newest version wins, whole
+    assert [t.version for t in restored.ready[0]] == [4, 4]
