@@ -12,14 +12,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from laminar.data.codec import copy_tokenizer_files
 from laminar.data.records import Trajectory
 from laminar.data.staleness import staleness
-from laminar.trainer.grpo import GRPOConfig, group_advantages, grpo_loss, token_logprobs
-from laminar.trainer.state_files import CheckpointError, load_trainer_state, save_trainer_state
+from laminar.trainer.grpo import GRPOConfig, group_advantages, grpo_loss
+from laminar.trainer.logprobs import PolicyLogprobs
+from laminar.trainer.state_files import (
+    CheckpointError,
+    load_tensors,
+    load_trainer_state,
+    save_sharded,
+    save_tensors,
+    save_trainer_state,
+)
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -41,6 +48,8 @@ class TrainerConfig:
     device: str = "cpu"  # cpu | cuda (fp32 master weights; bf16 autocast on CUDA)
     publish_dtype: str = ""  # dtype of the published weights; empty = the parameters' (float32)
     max_nonfinite_steps: int = 3  # non-finite steps skipped in a row before NonFiniteError
+    activation_checkpointing: bool = False  # recompute each decoder layer in the backward: memory for time
+    cpu_offload: bool = False  # sharded trainer only: parameters, gradients and optimizer state in host memory
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
     def __post_init__(self) -> None:
@@ -97,36 +106,48 @@ def _ties_embeddings(model: PreTrainedModel) -> bool:
 class Trainer:
     """Holds the policy and optimizer; `version` is the number of train steps taken, i.e. the weights' version."""
 
-    def __init__(self, cfg: TrainerConfig, model: PreTrainedModel | None = None) -> None:
+    def __init__(
+        self, cfg: TrainerConfig, model: PreTrainedModel | None = None, rank: int = 0, world: int = 1
+    ) -> None:
+        """`world > 1`: this is rank `rank` of a sharded trainer (FSDP2) in the default process group, which the
+        caller has initialised; every rank is given the same batches and trains its own share of them."""
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
-        self.cfg = cfg
+        self.cfg, self.rank, self.world = cfg, rank, world
         self.device = torch.device(cfg.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"trainer.device={cfg.device!r}, but CUDA is not available here")
-        self.model = (
-            (model if model is not None else load_policy(cfg.model_path)).float().to(self.device).train()
+        if world > 1 and self.device.type == "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        model = model if model is not None else load_policy(cfg.model_path)
+        # The KL reference is the starting policy, frozen; never saved: a resumed or restarted trainer loads it
+        # again from the same starting weights, so a checkpoint holds the policy alone. (Each rank holds a
+        # whole copy: it runs forward only, in bf16 on CUDA.)
+        self.ref_model = self._load_reference(model) if cfg.grpo.kl_coef > 0 else None
+        self.model = model.float().train()
+        if cfg.activation_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.policy = PolicyLogprobs(self.model, cfg.grpo.temperature)
+        self.ref_policy = (
+            PolicyLogprobs(self.ref_model, cfg.grpo.temperature) if self.ref_model is not None else None
         )
+        if world > 1:
+            shard_policy(self.policy, self.device, cfg.cpu_offload)
+        else:
+            self.policy.to(self.device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
-        # The KL reference is the starting policy, frozen; never saved: a resumed or restarted trainer loads it
-        # again from the same starting weights, so a checkpoint holds the policy alone.
-        self.ref_model = self._load_reference(model) if cfg.grpo.kl_coef > 0 else None
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self.version = 0
         self.nonfinite_steps = 0  # skipped steps, all told
         self.nonfinite_in_a_row = 0
 
-    def _load_reference(self, model: PreTrainedModel | None) -> PreTrainedModel:
+    def _load_reference(self, model: PreTrainedModel) -> PreTrainedModel:
         """A frozen copy of the starting weights, in eval mode; bf16 on CUDA (it only ever runs under bf16
         autocast there, and it halves its memory), float32 on CPU."""
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        if model is not None:  # given in memory: copy it before the first update
-            ref = copy.deepcopy(self.model).to(dtype)
-        else:
-            path = check_model_dir(self.cfg.model_path)
-            ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)
+        ref = copy.deepcopy(model).to(dtype).to(self.device)
         ref.requires_grad_(False)
         return ref.eval()
 
@@ -134,7 +155,8 @@ class Trainer:
 
     def train_step(self, groups: list[list[Trajectory]]) -> dict[str, float]:
         """One GRPO step on complete groups; returns metrics. Staleness is measured against the version the
-        trainer holds when it consumes the data (before this step's update).
+        trainer holds when it consumes the data (before this step's update). A sharded trainer's ranks are all
+        given the same groups: each trains its own share (`plan`) and the sums are reduced across ranks.
 
         A step whose loss or gradient norm is not finite is skipped: no optimizer update (with several
         mini-batches, from the first non-finite one on), the version still advances (the batch is consumed) and
@@ -150,28 +172,29 @@ class Trainer:
         advs = group_advantages([[t.reward for t in g] for g in groups], self.cfg.grpo.adv_eps)
         trajs = [t for g in groups for t in g]
         adv_of = [a for ga in advs for a in ga]
-        proximal = None
+        plan = self.plan([t.num_tokens for t in trajs])
+        proximal: dict[int, torch.Tensor] | None = None
         if self.cfg.grpo.proximal == "trainer":
-            proximal = self._logprobs_no_grad(self.model, trajs)
+            proximal = self._logprobs_no_grad(trajs, [mb for _, mbs in plan for mb in mbs])
 
         sums: dict[str, float] = {}
         losses, grad_norms = [], []
         nonfinite = False
         updates = 0
-        for mb in np.array_split(np.arange(len(trajs)), self.cfg.mini_batches):
-            mb = mb.tolist()
-            if not mb:
-                continue
-            num_tokens = sum(len(trajs[i].response_ids) for i in mb)
+        for mb_index, micro in plan:
+            num_tokens = sum(len(trajs[i].response_ids) for i in mb_index)
             self.optimizer.zero_grad(set_to_none=True)
-            mb_loss = 0.0
-            for idx in self.micro_batches([trajs[i].num_tokens for i in mb], mb):
+            mb_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+            for idx in micro:
+                if idx is None:  # this rank has no more work: a zero-loss pass keeps the ranks' collectives in step
+                    self._idle_pass(trajs)
+                    continue
                 batch = self._collate([trajs[i] for i in idx], [adv_of[i] for i in idx])
-                logp = self._forward_logprobs(self.model, batch)
+                logp = self._forward_logprobs(self.policy, batch)
                 ref = None
-                if self.ref_model is not None:
+                if self.ref_policy is not None:
                     with torch.no_grad():
-                        ref = self._forward_logprobs(self.ref_model, batch)
+                        ref = self._forward_logprobs(self.ref_policy, batch)
                 loss, m = grpo_loss(
                     logp,
                     batch["behaviour"],
@@ -179,24 +202,27 @@ class Trainer:
                     batch["mask"],
                     self.cfg.grpo,
                     num_tokens,
-                    proximal=self._pad_like([proximal[i] for i in idx], batch) if proximal else None,
+                    proximal=torch.cat([proximal[i] for i in idx]) if proximal else None,
                     ref_logp=ref,
                 )
-                loss.backward()
-                mb_loss += loss.detach().item()
+                # FSDP averages gradients over ranks; each rank's loss is its share of the mini-batch's sum
+                (loss * self.world).backward()
+                mb_loss += loss.detach()
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + v
-            grad_norms.append(
-                float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
-            )
-            losses.append(mb_loss)
-            if not (math.isfinite(mb_loss) and math.isfinite(grad_norms[-1])):
+            grad_norms.append(self._clip_grad_norm())
+            losses.append(float(self._all_sum(mb_loss.reshape(1))[0]))
+            if not (math.isfinite(losses[-1]) and math.isfinite(grad_norms[-1])):
                 self.optimizer.zero_grad(set_to_none=True)  # nothing of this batch reaches the weights
                 nonfinite = True
                 break
             self.optimizer.step()
             updates += 1
 
+        if self.world > 1:
+            keys = sorted(sums)
+            total = self._all_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+            sums = dict(zip(keys, total.tolist()))
         self._count_nonfinite(nonfinite, losses, grad_norms)
         lags = [staleness(self.version, t.version) for t in trajs]
         rewards = [t.reward for t in trajs]
@@ -229,6 +255,29 @@ class Trainer:
             "reward_errors_in_batch": sum("reward_error" in t.meta for t in trajs),
         }
 
+    def _clip_grad_norm(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        if hasattr(norm, "full_tensor"):  # sharded: a DTensor, already reduced over the ranks
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def _all_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum over the ranks (itself with one rank); float64 on the host side of the call."""
+        if self.world == 1:
+            return values
+        import torch.distributed as dist
+
+        out = values.to(self.device, torch.float64)
+        dist.all_reduce(out)
+        return out.cpu()
+
+    def _idle_pass(self, trajs: list[Trajectory]) -> None:
+        """A forward and backward with zero loss on the shortest sequence: the FSDP all-gathers and
+        reduce-scatters of a micro-batch, without changing any gradient."""
+        shortest = min(trajs, key=lambda t: t.num_tokens)
+        batch = self._collate([shortest], [0.0])
+        (self._forward_logprobs(self.policy, batch).sum() * 0.0).backward()
+
     def _count_nonfinite(self, nonfinite: bool, losses: list[float], grad_norms: list[float]) -> None:
         if not nonfinite:
             self.nonfinite_in_a_row = 0
@@ -244,18 +293,46 @@ class Trainer:
             )
 
     def check_finite(self) -> None:
-        """Raise `NonFiniteError` naming the first parameter that holds NaN or inf (before a publish or save)."""
+        """Raise `NonFiniteError` naming the first parameter that holds NaN or inf (before a publish or save).
+        Sharded: every rank checks its shards and the ranks agree."""
         params = list(self.model.named_parameters())
-        flags = torch.stack([torch.isfinite(p).all() for _, p in params])
-        if bool(flags.all()):
+        flags = torch.stack([torch.isfinite(_local(p)).all() for _, p in params])
+        bad_at = (~flags).nonzero().flatten().tolist()
+        if self.world > 1:  # every rank raises, naming the same parameters
+            import torch.distributed as dist
+
+            gathered: list[Any] = [None] * self.world
+            dist.all_gather_object(gathered, bad_at)
+            bad_at = sorted({i for g in gathered for i in g})
+        if not bad_at:
             return
-        bad = [name for (name, _), ok in zip(params, flags.tolist()) if not ok]
+        bad = [params[i][0] for i in bad_at]
         raise NonFiniteError(
             f"the trainer's weights hold NaN or inf at version {self.version} (parameter {bad[0]!r}"
             f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}); they are neither published nor saved"
         )
 
     # ---- batching -------------------------------------------------------------------------------------------
+
+    def plan(self, lengths: list[int]) -> list[tuple[list[int], list[list[int] | None]]]:
+        """Per mini-batch: its trajectory indices (all ranks'), and this rank's micro-batches. A mini-batch is
+        split across ranks balanced by token count (longest first, each to the rank with the fewest tokens so
+        far); every rank gets as many micro-batches as the busiest one, `None` standing for an idle pass."""
+        out = []
+        for mb in np.array_split(np.arange(len(lengths)), self.cfg.mini_batches):
+            mb = mb.tolist()
+            if not mb:
+                continue
+            shares: list[list[int]] = [[] for _ in range(self.world)]
+            load = [0] * self.world
+            for i in sorted(mb, key=lambda i: (-lengths[i], i)):
+                r = min(range(self.world), key=lambda r: (load[r], r))
+                shares[r].append(i)
+                load[r] += lengths[i]
+            micro = [self.micro_batches([lengths[i] for i in s], s) if s else [] for s in shares]
+            most = max(len(m) for m in micro)
+            out.append((mb, micro[self.rank] + [None] * (most - len(micro[self.rank]))))
+        return out
 
     def micro_batches(self, lengths: list[int], index: list[int]) -> list[list[int]]:
         """`index` cut into micro-batches, longest sequences first, so each micro-batch pads to a length close to
@@ -275,112 +352,224 @@ class Trainer:
         return out
 
     def _collate(self, trajs: list[Trajectory], advs: list[float] | None = None) -> dict[str, torch.Tensor]:
-        """Right-padded [B, L] ids; the other tensors are [B, L-1], aligned with next-token predictions."""
+        """Right-padded [B, L] ids and mask; the rest is flat over the response tokens, in trajectory order:
+        `positions` (flat index into [B, L] of the prediction of each response token), `targets`, the rollout's
+        `behaviour` log-probs, `advantages` and `mask` (all ones: every flat entry is a trained token)."""
         seqs = [t.prompt_ids + t.response_ids for t in trajs]
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(seqs), width), dtype=torch.long)
-        mask = torch.zeros((len(seqs), width - 1))
-        behaviour = torch.zeros((len(seqs), width - 1))
-        adv = torch.zeros((len(seqs), width - 1))
+        positions, targets, behaviour, adv = [], [], [], []
         for b, (t, s) in enumerate(zip(trajs, seqs)):
             ids[b, : len(s)] = torch.tensor(s)
             attn[b, : len(s)] = 1
             p, r = len(t.prompt_ids), len(t.response_ids)
-            mask[b, p - 1 : p - 1 + r] = 1.0
-            behaviour[b, p - 1 : p - 1 + r] = torch.tensor(t.logprobs, dtype=torch.float32)
-            if advs is not None:
-                adv[b, p - 1 : p - 1 + r] = advs[b]
-        batch = {"ids": ids, "attn": attn, "mask": mask, "behaviour": behaviour, "advantages": adv}
+            positions.append(torch.arange(b * width + p - 1, b * width + p - 1 + r))
+            targets += t.response_ids
+            behaviour += t.logprobs
+            adv += [advs[b] if advs is not None else 0.0] * r
+        batch = {
+            "ids": ids,
+            "attn": attn,
+            "positions": torch.cat(positions),
+            "targets": torch.tensor(targets, dtype=torch.long),
+            "behaviour": torch.tensor(behaviour, dtype=torch.float32),
+            "advantages": torch.tensor(adv, dtype=torch.float32),
+            "mask": torch.ones(len(targets)),
+        }
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
-    @staticmethod
-    def _pad_like(rows: list[torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        out = torch.zeros_like(batch["mask"])
-        for b, r in enumerate(rows):
-            out[b, : len(r)] = r
-        return out
-
-    def _forward_logprobs(self, model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        cuda = self.device.type == "cuda"
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
-            logits = model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits[:, :-1]
-        return token_logprobs(logits, batch["ids"][:, 1:], self.cfg.grpo.temperature)
+    def _forward_logprobs(self, policy: PolicyLogprobs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Flat log-probs of the batch's response tokens. bf16 autocast on a single CUDA trainer; a sharded one
+        computes in bf16 through FSDP's mixed precision instead."""
+        autocast = self.device.type == "cuda" and (self.world == 1 or policy is self.ref_policy)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            return policy(batch["ids"], batch["attn"], batch["positions"], batch["targets"])
 
     @torch.no_grad()
-    def _logprobs_no_grad(self, model: PreTrainedModel, trajs: list[Trajectory]) -> list[torch.Tensor]:
-        """Per trajectory, the log-probs over [0, p-1+r) so they line up with `_collate`'s time axis."""
-        out: list[torch.Tensor] = []
-        for start in range(0, len(trajs), self.cfg.micro_batch_size):
-            chunk = trajs[start : start + self.cfg.micro_batch_size]
-            logp = self._forward_logprobs(model, self._collate(chunk))
-            out += [logp[b, : t.num_tokens - 1].clone() for b, t in enumerate(chunk)]
+    def _logprobs_no_grad(
+        self, trajs: list[Trajectory], micro: list[list[int] | None] | None = None
+    ) -> dict[int, torch.Tensor]:
+        """The current policy's log-probs of the response tokens of each trajectory in `micro` (this rank's
+        micro-batches; all of `trajs` by `micro_batch_size` when not given), by trajectory index."""
+        if micro is None:
+            micro = self.plan([t.num_tokens for t in trajs])
+            micro = [mb for _, mbs in micro for mb in mbs]
+        out: dict[int, torch.Tensor] = {}
+        for idx in micro:
+            if idx is None:
+                shortest = min(trajs, key=lambda t: t.num_tokens)
+                self._forward_logprobs(self.policy, self._collate([shortest]))
+                continue
+            logp = self._forward_logprobs(self.policy, self._collate([trajs[i] for i in idx]))
+            for i, part in zip(idx, logp.split([len(trajs[i].response_ids) for i in idx])):
+                out[i] = part.clone()
         return out
 
     def response_logprobs(self, trajs: list[Trajectory]) -> list[list[float]]:
-        """The current policy's log-probs of each trajectory's response tokens (for checks and evaluation)."""
-        rows = self._logprobs_no_grad(self.model, trajs)
-        return [r[len(t.prompt_ids) - 1 :].tolist() for r, t in zip(rows, trajs)]
+        """The current policy's log-probs of each trajectory's response tokens (for checks and evaluation); on a
+        sharded trainer every rank must call it, and each gets those of its share (`None` elsewhere)."""
+        got = self._logprobs_no_grad(trajs)
+        return [got[i].tolist() if i in got else None for i in range(len(trajs))]
 
     # ---- weights and checkpoints ----------------------------------------------------------------------------
 
+    def publish_names(self) -> list[str]:
+        """The published tensors' names, the keys `save_pretrained` writes: with tied embeddings
+        `lm_head.weight` is left out (it is `model.embed_tokens.weight`) and loaders re-tie it."""
+        names = [k for k, _ in self.model.state_dict().items()]
+        if _ties_embeddings(self.model):
+            names.remove("lm_head.weight")
+        return names
+
     def named_weights(self) -> dict[str, torch.Tensor]:
-        """The HF state_dict to publish, with the keys `save_pretrained` writes: when embeddings are tied,
-        `lm_head.weight` is left out (it is `model.embed_tokens.weight`) and loaders re-tie it. The tensors are
-        live views, valid until the next `train_step`; copy them out before training on. On CUDA they stay on the
-        GPU (the publisher copies them into its registered shared-memory slot); with `publish_dtype` they are cast
-        copies, e.g. bf16 for a bf16 engine, which halves the bytes on the weight path. Non-finite weights
-        raise `NonFiniteError` instead."""
+        """The HF state_dict to publish (`publish_names`). The tensors are live views, valid until the next
+        `train_step`; copy them out before training on. On CUDA they stay on the GPU (the publisher copies them
+        into its registered shared-memory slot); with `publish_dtype` they are cast copies, e.g. bf16 for a bf16
+        engine, which halves the bytes on the weight path. Non-finite weights raise `NonFiniteError` instead.
+        A sharded trainer has no whole tensors: see `weight_shards`."""
+        if self.world > 1:
+            raise RuntimeError("a sharded trainer publishes its shards (weight_shards), never whole weights")
         self.check_finite()
         sd = self.model.state_dict()
-        if _ties_embeddings(self.model):
-            sd.pop("lm_head.weight", None)
-        if self.cfg.publish_dtype:
-            dtype = getattr(torch, self.cfg.publish_dtype)
-            return {k: v.detach().to(dtype) for k, v in sd.items()}
-        return {k: v.detach() for k, v in sd.items()}
+        dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else None
+        return {k: sd[k].detach().to(dtype) if dtype else sd[k].detach() for k in self.publish_names()}
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "model": {k: v.clone() for k, v in self.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
-            "version": self.version,
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-            },
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.version = int(state["version"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
+    def weight_shards(self) -> list[WeightShard]:
+        """This rank's rows of every published tensor (FSDP shards dim 0 in contiguous row blocks), cast to
+        `publish_dtype`: each rank writes them at their offsets into the one flat buffer of the version."""
+        self.check_finite()
+        sd = self.model.state_dict()
+        dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else None
+        out = []
+        for name in self.publish_names():
+            p = sd[name]
+            local = _local(p).detach()
+            first = _first_row(p, self.rank, self.world)
+            out.append(
+                WeightShard(name, tuple(p.shape), dtype or p.dtype, first, local.to(dtype) if dtype else local)
+            )
+        return out
 
     def save_checkpoint(self, out: str | Path) -> Path:
         """`out` becomes a whole HF model dir (config, safetensors, and the tokenizer, chat template and
-        generation config of the model it started from) plus optimizer, RNG and step, with no pickle anywhere
-        (see `state_files`)."""
+        generation config of the model it started from) plus the optimizer's moments in `optimizer/`, and the
+        step, optimizer groups and RNG, with no pickle anywhere (see `state_files`). A sharded trainer writes
+        with `torch.distributed.checkpoint`: each rank its own rows, then rank 0 joins the files into the same
+        layout (every rank must call this). Any checkpoint resumes onto any number of ranks."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
-        if self.cfg.model_path:
-            copy_tokenizer_files(self.cfg.model_path, out)
-        state = self.state_dict()
-        meta = {"version": self.version, "config": asdict(self.cfg)}
-        save_trainer_state(out, state["optimizer"], state["rng"], meta)
+        moments, steps = self._moments()
+        if self.world == 1:
+            self.model.save_pretrained(out)
+            save_tensors(moments, out / OPTIMIZER_DIR)
+        else:
+            save_sharded(self._model_tensors(), out)
+            save_sharded(moments, out / OPTIMIZER_DIR)
+        if self.rank == 0:
+            if self.world > 1:
+                self.model.config.save_pretrained(out)
+                if self.model.generation_config is not None:
+                    self.model.generation_config.save_pretrained(out)
+            if self.cfg.model_path:
+                copy_tokenizer_files(self.cfg.model_path, out)
+            groups = self.optimizer.state_dict()["param_groups"]
+            meta = {"version": self.version, "ranks": self.world, "config": asdict(self.cfg)}
+            rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+            save_trainer_state(out, groups, steps, rng, meta)
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
         return out
 
     def load_checkpoint(self, path: str | Path) -> None:
+        """Restore what `save_checkpoint` wrote, whatever number of ranks wrote it (`torch.distributed.checkpoint`
+        reads each rank's rows from the files)."""
         path = check_model_dir(path)
-        optimizer, rng, meta = load_trainer_state(path)
+        groups, steps, rng, meta = load_trainer_state(path)
+        names = [n for n, _ in self.model.named_parameters()]
+        if sorted(steps) != sorted(names):
+            raise CheckpointError(
+                f"{path / 'trainer_state.json'}: optimizer steps for {len(steps)} parameters, but the model has "
+                f"{len(names)} (first difference: {sorted(set(steps) ^ set(names))[:1]}); another model's checkpoint?"
+            )
+        moments = {
+            f"{kind}.{n}": torch.zeros_like(p) for n, p in self.model.named_parameters() for kind in MOMENTS
+        }
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
-        except (OSError, ValueError, RuntimeError, SafetensorError) as e:
-            raise CheckpointError(f"{path / 'model.safetensors'}: the weights do not load ({e})") from e
-        self.load_state_dict(
-            {"model": model.state_dict(), "optimizer": optimizer, "version": meta["version"], "rng": rng}
-        )
+            load_tensors(self._model_tensors(), path, self.world)
+            load_tensors(moments, path / OPTIMIZER_DIR, self.world)
+        except Exception as e:  # noqa: BLE001 - any reader failure is a bad checkpoint, named
+            raise CheckpointError(f"{path}: the weights or optimizer moments do not load ({e})") from e
+        state = {
+            i: {"step": torch.tensor(float(steps[n]))} | {k: moments[f"{k}.{n}"] for k in MOMENTS}
+            for i, n in enumerate(names)
+        }
+        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        self.version = int(meta["version"])
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+
+    def _model_tensors(self) -> dict[str, torch.Tensor]:
+        """The parameters by their HF names (a tied head once), as live tensors: DCP reads and writes them."""
+        sd = self.model.state_dict()
+        return {k: sd[k] for k in self.publish_names()}
+
+    def _moments(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+        """AdamW's moments by `exp_avg.NAME` / `exp_avg_sq.NAME`, and each parameter's step count. A parameter
+        with no update yet gets zero moments, which is what AdamW starts from."""
+        tensors, steps = {}, {}
+        for n, p in self.model.named_parameters():
+            st = self.optimizer.state.get(p, {})
+            steps[n] = int(st["step"]) if "step" in st else 0
+            for kind in MOMENTS:
+                tensors[f"{kind}.{n}"] = st[kind] if kind in st else torch.zeros_like(p)
+        return tensors, steps
+
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+OPTIMIZER_DIR = "optimizer"
+
+
+@dataclass
+class WeightShard:
+    """Rows [first_row, first_row + len(local)) of the published tensor `name` of `shape`, held by one rank."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    first_row: int
+    local: torch.Tensor
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) parameter's own rows; a plain tensor itself."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+def _first_row(p: torch.Tensor, rank: int, world: int) -> int:
+    """FSDP's dim-0 sharding: rank r holds rows [r c, (r + 1) c) of n, c = ceil(n / world), cut at n."""
+    if world == 1 or not hasattr(p, "to_local"):
+        return 0
+    n = p.shape[0]
+    return min(rank * -(-n // world), n)
+
+
+def shard_policy(policy: PolicyLogprobs, device: torch.device, cpu_offload: bool) -> None:
+    """FSDP2: each decoder layer its own unit, then the whole policy (embeddings, final norm, output layer). On
+    CUDA: bf16 compute from fp32 master weights, gradients reduced in fp32."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kw: dict[str, Any] = {}
+    if device.type == "cuda":
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cpu_offload:
+        kw["offload_policy"] = CPUOffloadPolicy()
+    if device.type == "cuda" and not cpu_offload:
+        policy.to(device)
+    layers = getattr(policy.model.get_decoder(), "layers", None)
+    for layer in layers if layers is not None else []:
+        fully_shard(layer, **kw)
+    fully_shard(policy, **kw)
