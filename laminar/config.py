@@ -87,8 +87,11 @@ class TrainerConfig:
     )
     correction: str = "none"  # none | tis | mis (decoupled PPO with truncated / masked importance weights)
     is_cap: float = 2.0
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
+    num_cpus: float = 1.0  # per trainer rank
+    num_gpus: float = 0.0  # per trainer rank
+    num_workers: int = 1  # trainer ranks: > 1 shards the policy with FSDP2 across them (one machine)
+    activation_checkpointing: bool = False  # recompute decoder layers in the backward: less memory, ~1/3 more time
+    cpu_offload: bool = False  # num_workers > 1: parameters, gradients and optimizer state in host memory
     checkpoint_every: int = 20
     warmup_steps: int = 2  # steps excluded from the throughput window
     max_nonfinite_steps: int = 3  # non-finite loss or gradient: steps skipped in a row before the run stops
@@ -383,6 +386,13 @@ def validate(cfg: Config) -> None:
     _check(t.clip_high >= 0, "trainer.clip_high", t.clip_high, "non-negative")
     _check(t.correction in ("none", "tis", "mis"), "trainer.correction", t.correction, "none, tis or mis")
     _check(t.micro_batch >= 1, "trainer.micro_batch", t.micro_batch, "at least 1")
+    _check(t.num_workers >= 1, "trainer.num_workers", t.num_workers, "at least 1 (ranks of the trainer)")
+    _check(
+        not t.cpu_offload or t.num_workers > 1,
+        "trainer.cpu_offload",
+        t.cpu_offload,
+        "false with trainer.num_workers=1 (offload is part of the sharded trainer)",
+    )
     _check(
         t.micro_batch_tokens >= 0,
         "trainer.micro_batch_tokens",

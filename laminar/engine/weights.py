@@ -45,15 +45,20 @@ class WeightLayout:
 
     @classmethod
     def of(cls, state_dict: dict[str, torch.Tensor]) -> WeightLayout:
+        return cls.of_specs([(name, tuple(t.shape), t.dtype) for name, t in state_dict.items()])
+
+    @classmethod
+    def of_specs(cls, specs: list[tuple[str, tuple[int, ...], torch.dtype]]) -> WeightLayout:
+        """From (name, shape, dtype) alone: the ranks of a sharded trainer each compute the same layout."""
         entries, offset = [], 0
-        for name, t in state_dict.items():
-            dtype = str(t.dtype).removeprefix("torch.")
+        for name, shape, torch_dtype in specs:
+            dtype = str(torch_dtype).removeprefix("torch.")
             if dtype not in DTYPES:
                 raise TypeError(
-                    f"{name}: dtype {t.dtype} cannot be flattened; expected one of {sorted(DTYPES)}"
+                    f"{name}: dtype {torch_dtype} cannot be flattened; expected one of {sorted(DTYPES)}"
                 )
-            nbytes = t.numel() * t.element_size()
-            entries.append(WeightEntry(name, tuple(t.shape), dtype, offset, nbytes))
+            nbytes = math.prod(shape) * torch.empty(0, dtype=torch_dtype).element_size()
+            entries.append(WeightEntry(name, tuple(shape), dtype, offset, nbytes))
             offset += -(-nbytes // ALIGN) * ALIGN
         return cls(tuple(entries), offset)
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 
 from laminar.relay import pinning
-from laminar.relay.slots import ShmBuffer, new_buffer_path, sweep_stale
+from laminar.relay.slots import MappedView, ShmBuffer, new_buffer_path, sweep_stale
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +101,25 @@ class WeightPublisher:
             nbytes = flat.nbytes
             slot = self._free_slot(nbytes)
             np.copyto(self._slots[slot].array[:nbytes], flat)
+        return self.commit(slot, version, nbytes, layout, t0, wall0)
+
+    def reserve(self, nbytes: int) -> tuple[int, str]:
+        """A free slot of at least `nbytes` and its path: a sharded trainer's ranks write their rows into it
+        (`ShardWriter`), then this publisher `commit`s it."""
+        slot = self._free_slot(nbytes)
+        return slot, self._slots[slot].path
+
+    def commit(
+        self, slot: int, version: int, nbytes: int, layout: Any, t0: float, wall0: float | None = None
+    ) -> float:
+        """Hand a written slot to the master relay; returns the stall since `t0` (perf_counter)."""
+        if self.last_version is not None and version <= self.last_version:
+            raise ValueError(f"version {version} must be greater than the last published {self.last_version}")
         self._pending[slot] = self._master.ingest.remote(version, self._slots[slot].path, nbytes, layout)
         self.last_version = version
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
-        self.publish_times[version] = wall0
+        self.publish_times[version] = time.time() - stall if wall0 is None else wall0
         return stall
 
     def _write_state_dict(self, state: dict[str, Any]) -> tuple[int, Any, int]:
@@ -172,3 +187,54 @@ class WeightPublisher:
                 pinning.unregister(buf.array)
             buf.close(unlink=True)
         self._slots, self._pending, self._registered = [], [], []
+
+
+class ShardWriter:
+    """One rank of a sharded trainer: writes its rows of each tensor straight into the publish slot at their
+    offsets in the flat layout (the slot is rank 0's publisher's, on the same machine), so no rank gathers
+    the whole model. The mapping is kept, and registered with CUDA on a GPU, across versions."""
+
+    def __init__(self) -> None:
+        self._views: dict[str, MappedView] = {}
+        self._pinned: set[str] = set()
+
+    def write(self, path: str, layout: Any, shards: list[Any]) -> None:
+        """`shards`: objects with `name`, `first_row` and `local` (this rank's rows, on any device)."""
+        view = self._map(path, layout.total_bytes)
+        dst = torch.from_numpy(view.array)
+        entry = {e.name: e for e in layout.entries}
+        cuda = False
+        for sh in shards:
+            e = entry[sh.name]
+            if sh.local.numel() == 0:
+                continue
+            row_bytes = e.nbytes // e.shape[0] if e.shape else e.nbytes
+            start = e.offset + sh.first_row * row_bytes
+            n = sh.local.numel() * sh.local.element_size()
+            if sh.first_row * row_bytes + n > e.nbytes:
+                raise ValueError(f"{sh.name}: rows from {sh.first_row} ({n} bytes) pass the tensor's end")
+            dst[start : start + n].view(sh.local.dtype).view(sh.local.shape).copy_(sh.local, non_blocking=True)
+            cuda |= sh.local.is_cuda
+        if cuda:
+            torch.cuda.synchronize()
+
+    def _map(self, path: str, nbytes: int) -> MappedView:
+        view = self._views.get(path)
+        if view is None or view.nbytes < nbytes:
+            if view is not None:
+                self._release(path)
+            view = self._views[path] = MappedView(path, nbytes, shared=True, writable=True)
+            if pinning.cuda_available() and pinning.register(view.array, read_only=False):
+                self._pinned.add(path)
+        return view
+
+    def _release(self, path: str) -> None:
+        view = self._views.pop(path)
+        if path in self._pinned:
+            pinning.unregister(view.array)
+            self._pinned.discard(path)
+        view.close()
+
+    def close(self) -> None:
+        for path in list(self._views):
+            self._release(path)

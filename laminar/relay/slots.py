@@ -99,13 +99,14 @@ class MappedView:
 
     By default private (copy-on-write): a stray write by the reader stays in its own pages. `shared=True` maps
     the slot's own pages read-only, so a mapping kept across versions always shows what the relay wrote last
-    (CUDA registration of a private mapping copies its pages and would freeze an old version).
+    (CUDA registration of a private mapping copies its pages and would freeze an old version). `writable=True`
+    maps them read-write: a rank of a sharded trainer writing its rows into the publisher's slot.
     """
 
-    def __init__(self, path: str, nbytes: int, *, shared: bool = False):
-        fd = os.open(path, os.O_RDONLY)
+    def __init__(self, path: str, nbytes: int, *, shared: bool = False, writable: bool = False):
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         try:
-            access = mmap.ACCESS_READ if shared else mmap.ACCESS_COPY
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ if shared else mmap.ACCESS_COPY
             self._mm = mmap.mmap(fd, max(nbytes, 1), access=access)
         finally:
             os.close(fd)

@@ -163,15 +163,21 @@ PartialPoolActor = ray.remote(num_cpus=0)(PartialPool)
 
 @ray.remote(max_concurrency=4)
 class TrainerActor:
-    """The trainer plus its weight publisher: each step trains, then copies the new version into shared memory
-    for the master relay and returns (the publish is the trainer's only stall)."""
+    """One rank of the trainer plus its share of the weight publish: each step trains, then copies the new
+    version into shared memory for the master relay and returns (the publish is the trainer's only stall).
+    With one rank (`world=1`) it holds the whole model and publishes it; with several, each rank is one FSDP
+    shard (`join` first), writes its own rows into rank 0's publish slot, and rank 0 hands the slot over."""
 
-    def __init__(self, trainer_cfg: Any, slots: int) -> None:
-        from laminar.trainer.trainer import Trainer
+    def __init__(self, trainer_cfg: Any, slots: int, rank: int = 0, world: int = 1) -> None:
+        self.cfg, self.slots, self.rank, self.world = trainer_cfg, slots, rank, world
+        self.trainer: Any = None
+        self.publisher: Any = None
+        self.writer: Any = None
+        self.layout: Any = None
+        if world == 1:
+            from laminar.trainer.trainer import Trainer
 
-        self.trainer = Trainer(trainer_cfg)
-        self.slots = slots
-        self.publisher = None
+            self.trainer = Trainer(trainer_cfg)
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -179,9 +185,37 @@ class TrainerActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the others (`join`): this node's address and a free port."""
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def join(self, host: str, port: int) -> None:
+        """Join the process group (NCCL on GPU, gloo on CPU) and build this rank's shard of the policy."""
+        import torch
+        import torch.distributed as dist
+
+        from laminar.relay.publisher import ShardWriter
+        from laminar.trainer.trainer import Trainer
+
+        cuda = self.cfg.device.startswith("cuda")
+        if cuda:
+            torch.cuda.set_device(0)  # Ray shows each rank its own GPU only
+        dist.init_process_group(
+            "nccl" if cuda else "gloo", init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world
+        )
+        self.trainer = Trainer(self.cfg, rank=self.rank, world=self.world)
+        self.writer = ShardWriter()
+
     def attach_master(self, master: Any) -> None:
         from laminar.relay.publisher import WeightPublisher
 
+        if self.rank != 0:
+            return
         if self.publisher is None:
             self.publisher = WeightPublisher(master, num_slots=self.slots)
         else:
@@ -190,12 +224,15 @@ class TrainerActor:
     def version(self) -> int:
         return self.trainer.version
 
+    def check_finite(self) -> None:
+        self.trainer.check_finite()
+
     def step(self, groups: list[list[Trajectory]]) -> dict[str, Any]:
         consumer_version = self.trainer.version
         t0 = time.time()
         metrics = self.trainer.train_step(groups)
         t_trained = time.time()
-        stall = self.publisher.publish(self.trainer.version, self.trainer.named_weights())
+        stall = self._publish()
         trajs = [t for g in groups for t in g]
         return {
             **metrics,
@@ -212,6 +249,29 @@ class TrainerActor:
             "traj_versions": {t.traj_id: sorted(t.versions) for t in trajs},
         }
 
+    def _publish(self) -> float:
+        """The new version into a publish slot; returns the stall. Sharded: rank 0 picks the slot, every rank
+        writes its rows there, and after a barrier (the slowest rank's copy) rank 0 commits it."""
+        if self.world == 1:
+            return self.publisher.publish(self.trainer.version, self.trainer.named_weights())
+        import torch.distributed as dist
+
+        from laminar.engine.weights import WeightLayout
+
+        t0 = time.perf_counter()
+        shards = self.trainer.weight_shards()
+        if self.layout is None:
+            self.layout = WeightLayout.of_specs([(s.name, s.shape, s.dtype) for s in shards])
+        where: list[Any] = [None]
+        if self.rank == 0:
+            slot, where[0] = self.publisher.reserve(self.layout.total_bytes)
+        dist.broadcast_object_list(where, src=0)
+        self.writer.write(where[0], self.layout, shards)
+        dist.barrier()
+        if self.rank != 0:
+            return time.perf_counter() - t0
+        return self.publisher.commit(slot, self.trainer.version, self.layout.total_bytes, self.layout, t0)
+
     def replay(self, groups: list[list[Trajectory]]) -> int:
         """Train on a batch again without publishing: a restarted trainer catching up from its checkpoint."""
         self.trainer.train_step(groups)
@@ -223,6 +283,13 @@ class TrainerActor:
     def load_checkpoint(self, path: str) -> int:
         self.trainer.load_checkpoint(path)
         return self.trainer.version
+
+    def close(self) -> None:
+        """Unlink the publish slots in /dev/shm (ray.kill gives a process no chance to)."""
+        if self.publisher is not None:
+            self.publisher.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 @ray.remote(max_concurrency=8)

@@ -20,7 +20,8 @@ from laminar.data.records import Trajectory
 from laminar.jsonio import write_json
 from laminar.manager.manager import RolloutFailure, RolloutManager
 from laminar.relay.relay import RelaySettings
-from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor, TrainerActor
+from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor
+from laminar.runtime.trainer_group import TrainerGroup
 from laminar.runtime.checkpoint import RUNTIME_STATE, log_sizes
 from laminar.runtime.evaluation import Evaluator
 from laminar.runtime.factory import Factory, use_cuda
@@ -68,16 +69,6 @@ def _alive(_actor: Any) -> bool:
 
 def _node_of(_actor: Any) -> str:
     return ray.get_runtime_context().get_node_id()
-
-
-def _close_publisher(actor: Any) -> None:
-    """Unlink the trainer's publish slots in /dev/shm (ray.kill gives a process no chance to)."""
-    if actor.publisher is not None:
-        actor.publisher.close()
-
-
-def _check_finite(actor: Any) -> None:
-    actor.trainer.check_finite()
 
 
 @dataclass
@@ -172,16 +163,18 @@ class Runtime:
             device="cuda" if cuda else "cpu",
             publish_dtype="bfloat16" if cuda or cfg.model.dtype == "bfloat16" else "",
             max_nonfinite_steps=t.max_nonfinite_steps,
+            activation_checkpointing=t.activation_checkpointing,
+            cpu_offload=t.cpu_offload,
         )
         # The trainer (and so the master relay and the checkpoint writes) prefers the driver's machine too.
         resources = {"num_cpus": t.num_cpus, "num_gpus": t.num_gpus if cuda else 0}
-        rt.trainer_spec = ({**resources, **on_driver_node(soft=True)}, plain)
+        rt.trainer_spec = (resources, plain)
         recorder.log(
             "phase",
             what="starting the trainer (loads the policy" + (" and the KL reference)" if t.kl_coef else ")"),
         )
-        rt.trainer = TrainerActor.options(**rt.trainer_spec[0]).remote(plain, cfg.relay.slots)
-        trainer_node = ray.get(rt.trainer.node_id.remote(), timeout=cfg.run.timeout_s)
+        rt.trainer = rt._start_trainer()
+        trainer_node = rt.trainer.call_rank0("node_id", timeout=cfg.run.timeout_s)
         # One secret per run, handed to every relay through Ray: only this run's relays may feed the tier.
         rt.relay_settings = RelaySettings.for_run(
             cfg.relay.slots, int(cfg.relay.chunk_mb * (1 << 20)), tls=cfg.relay.tls
@@ -197,7 +190,7 @@ class Runtime:
             end_ids=codec.end_ids,
         )
         master = factory.relay(trainer_node, "relay-master")
-        ray.get(rt.trainer.attach_master.remote(master), timeout=cfg.run.timeout_s)
+        rt.trainer.call("attach_master", master, timeout=cfg.run.timeout_s)
         rt.relays = [master]
         if resume is not None:
             recorder.log("phase", what=f"restoring the checkpoint {resume}")
@@ -307,10 +300,10 @@ class Runtime:
         """One trainer step plus its publish; logs the step and tells the manager. `push` makes the publish a
         global push: the step ends only when every relay holds the new version (the baselines' broadcast)."""
         try:
-            m = ray.get(self.trainer.step.remote(groups), timeout=self.cfg.run.timeout_s * 5)
+            m = self.trainer.call("step", groups, timeout=self.cfg.run.timeout_s * 5)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
             self._restart_trainer()
-            m = ray.get(self.trainer.step.remote(groups), timeout=self.cfg.run.timeout_s * 5)
+            m = self.trainer.call("step", groups, timeout=self.cfg.run.timeout_s * 5)
         # The step is committed by the last line below (`self.version = v`): an interrupt anywhere before it
         # leaves the run's record one version behind the trainer, and `checkpoint` refuses to write that.
         v = m["version"]
@@ -319,7 +312,7 @@ class Runtime:
         self.buffer.trained.remote([g[0].group_id for g in groups + filtered])
         chain = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
         if chain and chain[0]._actor_id != self.relays[0]._actor_id:  # the master relay was replaced
-            ray.get(self.trainer.attach_master.remote(chain[0]), timeout=self.cfg.run.timeout_s)
+            self.trainer.call("attach_master", chain[0], timeout=self.cfg.run.timeout_s)
         self.relays = chain or self.relays
         self.publish_times[v] = m["t_publish"]
         if push:
@@ -441,15 +434,24 @@ class Runtime:
                 continue  # died at the very end: what it held is not in flight anywhere
         return running
 
+    def _start_trainer(self) -> TrainerGroup:
+        """The trainer's ranks (one unless `trainer.num_workers`); a single rank prefers the driver's machine,
+        like the control plane, so the master relay and the checkpoint writes are local."""
+        resources, plain = self.trainer_spec
+        t = self.cfg.trainer
+        return TrainerGroup.start(
+            plain, self.cfg.relay.slots, t.num_workers, resources, self.cfg.run.timeout_s, on_driver_node(soft=True)
+        )
+
     def _restart_trainer(self) -> None:
         """The trainer died: a new one loads the last checkpoint and trains again on every batch consumed since
         (the driver kept them), so it stands where the dead one stood; the rollouts never stopped meanwhile."""
         t = self.cfg.run.timeout_s
         self.trainer_restarts += 1
         self.recorder.log("failure", what="trainer", version=self.version)
-        options, plain = self.trainer_spec
-        self.trainer = TrainerActor.options(**options).remote(plain, self.cfg.relay.slots)
-        node = ray.get(self.trainer.node_id.remote(), timeout=t)
+        self.trainer.kill()  # every rank: a survivor would wait in a collective for the dead one
+        self.trainer = self._start_trainer()
+        node = self.trainer.call_rank0("node_id", timeout=t)
         master = self.relays[0]
         try:
             same_node = ray.get(master.__ray_call__.remote(_node_of), timeout=t) == node
@@ -458,12 +460,12 @@ class Runtime:
         if not same_node:  # the publisher maps the master's slots: a new master beside the new trainer
             self.relays = ray.get(self.manager.move_master.remote(node), timeout=t * 2)
             master = self.relays[0]
-        ray.get(self.trainer.attach_master.remote(master), timeout=t)
+        self.trainer.call("attach_master", master, timeout=t)
         if self.last_checkpoint is not None:
-            ray.get(self.trainer.load_checkpoint.remote(str(self.last_checkpoint)), timeout=t * 5)
+            self.trainer.call("load_checkpoint", str(self.last_checkpoint), timeout=t * 5)
         for batch in self.since_checkpoint:
-            ray.get(self.trainer.replay.remote(batch), timeout=t * 5)
-        caught_up = ray.get(self.trainer.version.remote(), timeout=t)
+            self.trainer.call("replay", batch, timeout=t * 5)
+        caught_up = self.trainer.call("version", timeout=t)
         if caught_up != self.version:
             raise RuntimeError(
                 f"the restarted trainer is at version {caught_up} after replay, expected {self.version}"
@@ -476,9 +478,9 @@ class Runtime:
         tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
         shutil.rmtree(tmp, ignore_errors=True)
         t = self.cfg.run.timeout_s
-        ray.get(self.trainer.__ray_call__.remote(_check_finite), timeout=t)  # never save NaN weights
-        ray.get(self.trainer.save_checkpoint.remote(str(tmp)), timeout=t * 5)
-        saved = ray.get(self.trainer.version.remote(), timeout=t)
+        self.trainer.call("check_finite", timeout=t)  # never save NaN weights
+        self.trainer.call("save_checkpoint", str(tmp), timeout=t * 5)
+        saved = self.trainer.call("version", timeout=t)
         if saved != self.version:  # interrupted between the trainer's step and our record of it
             shutil.rmtree(tmp, ignore_errors=True)
             raise RuntimeError(
@@ -503,7 +505,7 @@ class Runtime:
 
     def restore(self, path: Path) -> None:
         t = self.cfg.run.timeout_s
-        self.version = ray.get(self.trainer.load_checkpoint.remote(str(path)), timeout=t * 5)
+        self.version = self.trainer.call("load_checkpoint", str(path), timeout=t * 5)
         state = read_json(path / RUNTIME_STATE, "prompt pool, buffer and in-flight frontier")
         ray.get(self.prompt_pool.load_state_dict.remote(state["prompt_pool"]), timeout=t)
         ray.get(self.buffer.load_state_dict.remote(state["buffer"]), timeout=t)
@@ -519,17 +521,15 @@ class Runtime:
         """Free every actor and the relays' and the trainer's shared memory (a process may run several runtimes
         in a row)."""
         if self.trainer is not None:
-            try:
-                ray.get(self.trainer.__ray_call__.remote(_close_publisher), timeout=10)
-            except ray.exceptions.RayError:
-                pass  # dead: its slots are swept at the next run's start on this node
+            self.trainer.close()  # a dead rank's slots are swept at the next run's start on its node
         for relay in self.relays:
             try:
                 ray.get(relay.shutdown.remote(), timeout=10)
             except ray.exceptions.RayError:
                 pass  # already dead; its node's /dev/shm is swept by the next relay there
+        if self.trainer is not None:
+            self.trainer.kill()
         actors = [
-            self.trainer,
             self.manager,
             self.buffer,
             self.prompt_pool,

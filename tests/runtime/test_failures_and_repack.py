@@ -218,7 +218,7 @@ def test_a_killed_trainer_restarts_from_its_checkpoint_and_catches_up(ray_cluste
 
     def hook(rt, m):
         if m["version"] == 3 and not killed:
-            killed.append(ray.get(rt.trainer.pid.remote()))
+            killed.append(rt.trainer.pids()[0])
             _kill_process(killed[0])
 
     cfg = load_config(
