@@ -16,6 +16,7 @@ COMMANDS = {
     ("simulate",): "laminar.sim.cli:main",
     ("audit",): "laminar.telemetry.audit:main",
     ("model", "import"): "laminar.models.gguf_import:main",
+    ("export",): "laminar.models.export:main",
 }
 
 USAGE = """usage: laminar COMMAND [ARGS]
@@ -31,6 +32,7 @@ commands:
   simulate                         the cluster simulator (64 to 1024 GPUs)
   audit RUN_DIR                    every trajectory trained exactly once, or lost for a reason
   model import FILE.gguf --out DIR a .gguf file (only) as a Hugging Face model directory (extra [gguf])
+  export RUN_DIR --out DIR         the run's last checkpoint as a Hugging Face model directory
 """
 
 

@@ -163,6 +163,7 @@ class RunConfig:
         True  # trained trajectories (token ids, versions, rewards) to trajectories.jsonl
     )
     wandb_project: str = ""  # set: also log to Weights & Biases (offline unless WANDB_MODE=online)
+    export: str = ""  # at the end, also the final weights as a Hugging Face dir RUN_DIR/model in this dtype
 
 
 @dataclass
@@ -448,3 +449,9 @@ def validate(cfg: Config) -> None:
         cfg.schedule.staleness >= 0, "schedule.staleness", cfg.schedule.staleness, "a non-negative integer"
     )
     _check(cfg.run.timeout_s > 0, "run.timeout_s", cfg.run.timeout_s, "a positive number of seconds")
+    _check(
+        cfg.run.export in ("", "float32", "bfloat16", "float16"),
+        "run.export",
+        cfg.run.export,
+        "'' (no export) or the dtype of RUN_DIR/model: float32, bfloat16 or float16",
+    )

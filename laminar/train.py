@@ -242,6 +242,10 @@ def _run(
     )
     write_json(out / "summary.json", summary)
     plot_run(recorder.records, out)
+    if cfg.run.export:
+        from laminar.models.export import export
+
+        export(ckpt, out / "model", cfg.run.export)
     return summary
 
 

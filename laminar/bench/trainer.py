@@ -1,15 +1,20 @@
 """`laminar bench trainer`: the trainer's step on its own, on a random-initialised model of a named shape and
-synthetic GRPO groups of realistic lengths: step time, trained tokens per second, the share of padding, and the
-model FLOPs utilisation (6 x parameters x tokens / time / the card's peak). With `--profile`, a table of the
-step's operators by device time. Writes `DIR/trainer.json` and `DIR/trainer.md` (and `DIR/profile.txt`).
-A benchmark, never a test: nothing here asserts a speed."""
+synthetic GRPO groups of realistic lengths, on one rank or an FSDP2 group of `--ranks` (one process per GPU,
+spawned here; NCCL on GPU, gloo on CPU). Reports the step time, trained tokens per second, the share of
+padding, the model FLOPs utilisation (6 x parameters x tokens / time / the cards' peak), the peak memory per
+GPU, and the actor's stall per publish: every rank writing its own rows into one shared-memory slot (as the
+runtime does), beside the time to copy one rank's shard into pinned host memory (the floor of that stall).
+With `--profile`, a table of rank 0's operators by device time. Writes `DIR/trainer.json` and `DIR/trainer.md`
+(and `DIR/profile.txt`). A benchmark, never a test: nothing here asserts a speed."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import random
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -24,16 +29,25 @@ PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense
 
 
 def synthetic_groups(
-    groups: int, group_size: int, prompt: int, response_median: int, response_max: int, vocab: int, seed: int
+    groups: int,
+    group_size: int,
+    prompt: int,
+    response_median: int,
+    response_max: int,
+    vocab: int,
+    seed: int,
+    p99_ratio: float = 4.0,
 ) -> list[list[Trajectory]]:
-    """Groups with lognormal response lengths (p99 about 4x the median, capped), random tokens and rewards."""
+    """Groups with lognormal response lengths (p99 = `p99_ratio` x the median, capped at `response_max`),
+    random tokens and rewards."""
     rng = random.Random(seed)
+    sigma = math.log(p99_ratio) / 2.326
     out = []
     for g in range(groups):
         prompt_ids = [rng.randrange(vocab) for _ in range(prompt)]
         group = []
         for i in range(group_size):
-            n = min(response_max, max(1, round(math.exp(rng.gauss(math.log(response_median), 0.6)))))
+            n = min(response_max, max(1, round(math.exp(rng.gauss(math.log(response_median), sigma)))))
             group.append(
                 Trajectory(
                     traj_id=f"{g}:{i}",
@@ -52,10 +66,15 @@ def synthetic_groups(
 
 
 def padded_tokens(trainer: Any, trajs: list[Trajectory]) -> tuple[int, int]:
-    """(tokens the trainer's forward sees, micro-batches): each micro-batch padded to its longest sequence."""
+    """(tokens this rank's forwards see, its micro-batches): each micro-batch padded to its longest sequence."""
     lengths = [t.num_tokens for t in trajs]
-    cuts = trainer.micro_batches(lengths, list(range(len(trajs))))
-    return sum(len(c) * max(lengths[i] for i in c) for c in cuts), len(cuts)
+    seen, count = 0, 0
+    for _, micro in trainer.plan(lengths):
+        for mb in micro:
+            count += 1
+            if mb is not None:
+                seen += len(mb) * max(lengths[i] for i in mb)
+    return seen, count
 
 
 def peak_tflops(device: torch.device) -> float | None:
@@ -65,29 +84,25 @@ def peak_tflops(device: torch.device) -> float | None:
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
-def main(argv: list[str] | None = None) -> int:
+def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[str, Any] | None:
+    """One rank's part; rank 0 returns the result (and writes it when run as a spawned rank)."""
     from transformers import AutoModelForCausalLM
 
+    from laminar.engine.weights import WeightLayout
+    from laminar.relay.publisher import ShardWriter
+    from laminar.relay.slots import ShmBuffer, new_buffer_path
     from laminar.trainer.trainer import Trainer, TrainerConfig
 
-    ap = argparse.ArgumentParser(prog="laminar bench trainer", description=__doc__)
-    ap.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
-    ap.add_argument("--groups", type=int, default=64)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--prompt", type=int, default=45)
-    ap.add_argument("--response-median", type=int, default=80)
-    ap.add_argument("--response-max", type=int, default=200)
-    ap.add_argument("--micro-batch", type=int, default=64)
-    ap.add_argument(
-        "--micro-batch-tokens", type=int, default=0, help="> 0: fill micro-batches by padded tokens"
-    )
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--profile", action="store_true", help="also profile one step (operators by device time)")
-    ap.add_argument("--out", default="results/trainer-bench")
-    args = ap.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    if world > 1:
+        import torch.distributed as dist
 
-    device = torch.device(args.device)
+        if cuda:
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        )
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(shape_config(args.shape), dtype=torch.float32)
@@ -96,23 +111,38 @@ def main(argv: list[str] | None = None) -> int:
         lr=1e-6,
         micro_batch_size=args.micro_batch,
         micro_batch_tokens=args.micro_batch_tokens,
-        device=args.device,
+        device="cuda" if cuda else "cpu",
         threads=8,
+        publish_dtype="bfloat16" if cuda else "",
+        activation_checkpointing=args.activation_checkpointing,
+        cpu_offload=args.cpu_offload,
     )
-    trainer = Trainer(cfg, model=model)
-    vocab = model.config.vocab_size
+    trainer = Trainer(cfg, model=model, rank=rank, world=world)
+    del model
+    vocab = trainer.model.config.vocab_size
     batches = [
         synthetic_groups(
-            args.groups, args.group_size, args.prompt, args.response_median, args.response_max, vocab, seed
+            args.groups,
+            args.group_size,
+            args.prompt,
+            args.response_median,
+            args.response_max,
+            vocab,
+            seed,
+            args.response_p99_ratio,
         )
         for seed in range(args.steps + 1)
     ]
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    barrier = (lambda: __import__("torch.distributed").distributed.barrier()) if world > 1 else (lambda: None)
     trainer.train_step(batches[0])  # warm-up: allocator, kernels
     sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     times, tokens, seen, cuts = [], [], [], 0
     for groups in batches[1:]:
         trajs = [t for g in groups for t in g]
+        barrier()
         t = time.perf_counter()
         trainer.train_step(groups)
         sync()
@@ -120,43 +150,166 @@ def main(argv: list[str] | None = None) -> int:
         tokens.append(sum(x.num_tokens for x in trajs))
         padded, cuts = padded_tokens(trainer, trajs)
         seen.append(padded)
+    peak_mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+
+    # the publish: each rank its rows into one slot, as TrainerActor does; and the floor, a pinned-host copy
+    shards = trainer.weight_shards() if world > 1 else None
+    names = trainer.publish_names()
+    layout = (
+        WeightLayout.of_specs([(s.name, s.shape, s.dtype) for s in shards])
+        if shards
+        else WeightLayout.of(trainer.named_weights())
+    )
+    slot_path = [new_buffer_path("bench", 0)] if rank == 0 else [None]
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(slot_path, src=0)
+    slot = ShmBuffer(slot_path[0], layout.total_bytes) if rank == 0 else None
+    barrier()
+    writer = ShardWriter()
+    stalls, floors = [], []
+    for _ in range(args.publishes):
+        barrier()
+        t = time.perf_counter()
+        if world > 1:
+            writer.write(slot_path[0], layout, trainer.weight_shards())
+        else:
+            from laminar.engine.weights import flatten_into
+
+            flatten_into(trainer.named_weights(), layout, writer._map(slot_path[0], layout.total_bytes).array)
+        barrier()
+        stalls.append(time.perf_counter() - t)
+    local = [s.local for s in (shards or [])] or list(trainer.named_weights().values())
+    nbytes = sum(x.numel() * x.element_size() for x in local)
+    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+    for _ in range(args.publishes):
+        sync()
+        t = time.perf_counter()
+        off = 0
+        for x in local:
+            n = x.numel() * x.element_size()
+            pinned[off : off + n].view(x.dtype).view(x.shape).copy_(x, non_blocking=True)
+            off += n
+        sync()
+        floors.append(time.perf_counter() - t)
+    writer.close()
+
+    mems = [peak_mem]
+    if world > 1:
+        import torch.distributed as dist
+
+        mems = [None] * world
+        dist.all_gather_object(mems, peak_mem)
+    if rank == 0 and args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            trainer.train_step(batches[-1])
+            sync()
+        key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        (Path(args.out) / "profile.txt").write_text(prof.key_averages().table(sort_by=key, row_limit=35))
+    elif args.profile and world > 1:
+        trainer.train_step(batches[-1])
+    if slot is not None:
+        slot.close(unlink=True)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+    if rank != 0:
+        return None
     step_s = sorted(times)[len(times) // 2]
     tok = sum(tokens) / len(tokens)
     peak = peak_tflops(device)
     achieved = 6 * params * tok / step_s / 1e12
-    result: dict[str, Any] = {
-        "machine": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {
+        "machine": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
         "torch": torch.__version__,
-        "command": "laminar bench trainer " + " ".join(argv or []),
+        "command": "laminar bench trainer " + " ".join(args.argv),
         "shape": args.shape,
         "params": params,
+        "ranks": world,
         "sequences": args.groups * args.group_size,
+        "response_median": args.response_median,
+        "response_p99_ratio": args.response_p99_ratio,
+        "response_max": args.response_max,
         "micro_batch": args.micro_batch,
         "micro_batch_tokens": args.micro_batch_tokens,
-        "micro_batches_per_step": cuts,
+        "activation_checkpointing": args.activation_checkpointing,
+        "cpu_offload": args.cpu_offload,
+        "micro_batches_per_step_rank0": cuts,
         "step_s_median": round(step_s, 4),
         "step_s": [round(x, 4) for x in times],
         "tokens_per_step": tok,
-        "padding_share": round(1 - sum(tokens) / sum(seen), 3),
+        "padding_share_rank0": round(1 - sum(tokens) / world / max(sum(seen), 1), 3) if world == 1 else None,
         "tokens_per_s": round(tok / step_s, 1),
         "model_tflops": round(achieved, 2),
-        "mfu": round(achieved / peak, 4) if peak else None,
+        "mfu": round(achieved / (peak * world), 4) if peak else None,
+        "peak_memory_gib_per_rank": [round(m, 2) if m is not None else None for m in mems],
+        "published_mib": round(layout.total_bytes / 2**20, 1),
+        "publish_stall_s_median": round(med(stalls), 4),
+        "pinned_copy_of_one_shard_s_median": round(med(floors), 4),
+        "stall_over_pinned_copy": round(med(stalls) / max(med(floors), 1e-9), 2),
+        "published_tensors": len(names),
     }
+
+
+def _spawned(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
+    result = measure(rank, world, port, args)
+    if result is not None:
+        _write(result, args)
+
+
+def _write(result: dict[str, Any], args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.profile:
-        from torch.profiler import ProfilerActivity, profile
-
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=acts) as prof:
-            trainer.train_step(batches[-1])
-            sync()
-        key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        (out / "profile.txt").write_text(prof.key_averages().table(sort_by=key, row_limit=35))
     write_json(out / "trainer.json", result)
     lines = [f"| {k} | {v} |" for k, v in result.items() if k != "step_s"]
     (out / "trainer.md").write_text("| field | value |\n|---|---|\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="laminar bench trainer", description=__doc__)
+    ap.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
+    ap.add_argument("--ranks", type=int, default=1, help="trainer ranks (FSDP2 when > 1), one GPU each")
+    ap.add_argument("--groups", type=int, default=64)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=45)
+    ap.add_argument("--response-median", type=int, default=80)
+    ap.add_argument("--response-p99-ratio", type=float, default=4.0)
+    ap.add_argument("--response-max", type=int, default=200)
+    ap.add_argument("--micro-batch", type=int, default=64)
+    ap.add_argument(
+        "--micro-batch-tokens", type=int, default=0, help="> 0: fill micro-batches by padded tokens"
+    )
+    ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument("--cpu-offload", action="store_true")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--publishes", type=int, default=3)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--profile", action="store_true", help="also profile one step (operators by device time)")
+    ap.add_argument("--out", default="results/trainer-bench")
+    args = ap.parse_args(argv)
+    args.argv = list(argv or [])
+    if args.ranks < 1:
+        ap.error("--ranks must be at least 1")
+    if args.device.startswith("cuda") and args.ranks > torch.cuda.device_count():
+        ap.error(f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has {torch.cuda.device_count()}")
+    if args.ranks == 1:
+        _write(measure(0, 1, 0, args), args)
+        return 0
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("OMP_NUM_THREADS", "4")
+    mp.spawn(_spawned, args=(args.ranks, port, args), nprocs=args.ranks)
     return 0
 
 

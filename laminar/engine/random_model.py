@@ -36,6 +36,15 @@ SHAPES = {
         vocab_size=151936,
         tie_word_embeddings=True,
     ),
+    "qwen2.5-1.5b": dict(
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
     "qwen2.5-7b": dict(
         hidden_size=3584,
         num_hidden_layers=28,
