@@ -135,8 +135,10 @@ class Trainer:
             shard_policy(self.policy, self.device, cfg.cpu_offload)
         else:
             self.policy.to(self.device)
+        # one fused kernel for the whole update on a single GPU; FSDP's sharded (DTensor) parameters use foreach
+        fused = self.device.type == "cuda" and world == 1
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused
         )
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self.version = 0
