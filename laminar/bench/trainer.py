@@ -66,14 +66,16 @@ def synthetic_groups(
 
 
 def padded_tokens(trainer: Any, trajs: list[Trajectory]) -> tuple[int, int]:
-    """(tokens this rank's forwards see, its micro-batches): each micro-batch padded to its longest sequence."""
+    """(tokens this rank's forwards see, its micro-batches): each micro-batch padded to its longest sequence,
+    unless packed."""
     lengths = [t.num_tokens for t in trajs]
     seen, count = 0, 0
     for _, micro in trainer.plan(lengths):
         for mb in micro:
             count += 1
             if mb is not None:
-                seen += len(mb) * max(lengths[i] for i in mb)
+                widths = [lengths[i] for i in mb]
+                seen += sum(widths) if trainer.packed else len(mb) * max(widths)
     return seen, count
 
 
@@ -116,6 +118,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         publish_dtype="bfloat16" if cuda else "",
         activation_checkpointing=args.activation_checkpointing,
         cpu_offload=args.cpu_offload,
+        packing=args.packing,
     )
     trainer = Trainer(cfg, model=model, rank=rank, world=world)
     del model
@@ -202,6 +205,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         mems = [None] * world
         dist.all_gather_object(mems, peak_mem)
     if rank == 0 and args.profile:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -239,13 +243,14 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         "response_max": args.response_max,
         "micro_batch": args.micro_batch,
         "micro_batch_tokens": args.micro_batch_tokens,
+        "packed": trainer.packed,
         "activation_checkpointing": args.activation_checkpointing,
         "cpu_offload": args.cpu_offload,
         "micro_batches_per_step_rank0": cuts,
         "step_s_median": round(step_s, 4),
         "step_s": [round(x, 4) for x in times],
         "tokens_per_step": tok,
-        "padding_share_rank0": round(1 - sum(tokens) / world / max(sum(seen), 1), 3) if world == 1 else None,
+        "padding_share": round(1 - sum(tokens) / max(sum(seen), 1), 3) if world == 1 else None,
         "tokens_per_s": round(tok / step_s, 1),
         "model_tflops": round(achieved, 2),
         "mfu": round(achieved / (peak * world), 4) if peak else None,
@@ -287,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--micro-batch-tokens", type=int, default=0, help="> 0: fill micro-batches by padded tokens"
     )
+    ap.add_argument("--packing", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--activation-checkpointing", action="store_true")
     ap.add_argument("--cpu-offload", action="store_true")
     ap.add_argument("--steps", type=int, default=4)

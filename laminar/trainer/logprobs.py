@@ -9,6 +9,8 @@ for memory (as fused linear-cross-entropy kernels do).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -90,13 +92,19 @@ class PolicyLogprobs(nn.Module):
         self.chunked = plain_output_layer(model)
 
     def forward(
-        self, ids: torch.Tensor, attn: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor | None,
+        positions: torch.Tensor,
+        targets: torch.Tensor,
+        **packed: Any,
     ) -> torch.Tensor:
+        """`packed`: a packed row's `position_ids` and cumulative lengths (see `laminar.trainer.packing`)."""
         if not self.chunked:  # an output layer with extras: full logits, then the chosen rows
-            logits = self.model(input_ids=ids, attention_mask=attn).logits.flatten(0, 1)[positions]
+            logits = self.model(input_ids=ids, attention_mask=attn, **packed).logits.flatten(0, 1)[positions]
             logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
             return logp.gather(1, targets[:, None]).squeeze(1)
-        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, **packed).last_hidden_state
         hidden = hidden.flatten(0, 1).index_select(0, positions)
         weight = self.model.get_output_embeddings().weight
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else hidden.dtype

@@ -19,6 +19,7 @@ from laminar.data.records import Trajectory
 from laminar.data.staleness import staleness
 from laminar.trainer.grpo import GRPOConfig, group_advantages, grpo_loss
 from laminar.trainer.logprobs import PolicyLogprobs
+from laminar.trainer.packing import supports_packing, use_packed_attention
 from laminar.trainer.state_files import (
     CheckpointError,
     load_tensors,
@@ -48,6 +49,7 @@ class TrainerConfig:
     device: str = "cpu"  # cpu | cuda (fp32 master weights; bf16 autocast on CUDA)
     publish_dtype: str = ""  # dtype of the published weights; empty = the parameters' (float32)
     max_nonfinite_steps: int = 3  # non-finite steps skipped in a row before NonFiniteError
+    packing: str = "auto"  # on | off | auto (= on CUDA): micro-batches as one row of sequences, no padding
     activation_checkpointing: bool = False  # recompute each decoder layer in the backward: memory for time
     cpu_offload: bool = False  # sharded trainer only: parameters, gradients and optimizer state in host memory
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -62,6 +64,8 @@ class TrainerConfig:
                 raise ValueError(f"trainer.{name}={getattr(self, name)}: must be > 0")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"trainer.device={self.device!r}: must be cpu, cuda or cuda:N")
+        if self.packing not in ("auto", "on", "off"):
+            raise ValueError(f"trainer.packing={self.packing!r}: must be auto, on or off")
         if self.publish_dtype not in ("", "float32", "bfloat16"):
             raise ValueError(f"trainer.publish_dtype={self.publish_dtype!r}: must be '', float32 or bfloat16")
 
@@ -125,6 +129,12 @@ class Trainer:
         # whole copy: it runs forward only, in bf16 on CUDA.)
         self.ref_model = self._load_reference(model) if cfg.grpo.kl_coef > 0 else None
         self.model = model.float().train()
+        wanted = cfg.packing == "on" or (cfg.packing == "auto" and self.device.type == "cuda")
+        self.packed = wanted and supports_packing(self.model)
+        if self.packed:
+            for m in (self.model, self.ref_model):
+                if m is not None:
+                    use_packed_attention(m)
         if cfg.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.policy = PolicyLogprobs(self.model, cfg.grpo.temperature)
@@ -346,17 +356,25 @@ class Trainer:
             n = self.cfg.micro_batch_size
             return [order[s : s + n] for s in range(0, len(order), n)]
         out: list[list[int]] = []
-        for i in order:  # longest first: a micro-batch's padded size is its count x its first length
-            if out and (len(out[-1]) + 1) * width[out[-1][0]] <= self.cfg.micro_batch_tokens:
+        size = 0
+        for i in order:  # longest first: a padded micro-batch's size is its count x its first length
+            grown = size + width[i] if self.packed else (len(out[-1]) + 1) * width[out[-1][0]] if out else 0
+            if out and grown <= self.cfg.micro_batch_tokens:
                 out[-1].append(i)
+                size = grown
             else:
                 out.append([i])
+                size = width[i]
         return out
 
-    def _collate(self, trajs: list[Trajectory], advs: list[float] | None = None) -> dict[str, torch.Tensor]:
-        """Right-padded [B, L] ids and mask; the rest is flat over the response tokens, in trajectory order:
+    def _collate(self, trajs: list[Trajectory], advs: list[float] | None = None) -> dict[str, Any]:
+        """Packed (`self.packed`): one [1, T] row of all the sequences, with their positions and cumulative
+        lengths. Otherwise right-padded [B, L] ids and mask. The rest is flat over the response tokens, in
+        trajectory order:
         `positions` (flat index into [B, L] of the prediction of each response token), `targets`, the rollout's
         `behaviour` log-probs, `advantages` and `mask` (all ones: every flat entry is a trained token)."""
+        if self.packed:
+            return self._collate_packed(trajs, advs)
         seqs = [t.prompt_ids + t.response_ids for t in trajs]
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
@@ -381,12 +399,45 @@ class Trainer:
         }
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
-    def _forward_logprobs(self, policy: PolicyLogprobs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _collate_packed(self, trajs: list[Trajectory], advs: list[float] | None) -> dict[str, Any]:
+        ids, pos, positions, targets, behaviour, adv, cu = [], [], [], [], [], [], [0]
+        for b, t in enumerate(trajs):
+            start, p, r = cu[-1], len(t.prompt_ids), len(t.response_ids)
+            ids += t.prompt_ids + t.response_ids
+            pos += range(p + r)
+            positions += range(start + p - 1, start + p - 1 + r)
+            targets += t.response_ids
+            behaviour += t.logprobs
+            adv += [advs[b] if advs is not None else 0.0] * r
+            cu.append(start + p + r)
+        dev = self.device
+        cu_t = torch.tensor(cu, dtype=torch.int32).to(dev, non_blocking=True)
+        longest = max(t.num_tokens for t in trajs)
+        return {
+            "ids": torch.tensor([ids], dtype=torch.long).to(dev, non_blocking=True),
+            "attn": None,
+            "packed": {
+                "position_ids": torch.tensor([pos], dtype=torch.long).to(dev, non_blocking=True),
+                "cu_seq_lens_q": cu_t,
+                "cu_seq_lens_k": cu_t,
+                "max_length_q": longest,
+                "max_length_k": longest,
+            },
+            "positions": torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True),
+            "targets": torch.tensor(targets, dtype=torch.long).to(dev, non_blocking=True),
+            "behaviour": torch.tensor(behaviour, dtype=torch.float32).to(dev, non_blocking=True),
+            "advantages": torch.tensor(adv, dtype=torch.float32).to(dev, non_blocking=True),
+            "mask": torch.ones(len(targets), device=dev),
+        }
+
+    def _forward_logprobs(self, policy: PolicyLogprobs, batch: dict[str, Any]) -> torch.Tensor:
         """Flat log-probs of the batch's response tokens. bf16 autocast on a single CUDA trainer; a sharded one
         computes in bf16 through FSDP's mixed precision instead."""
         autocast = self.device.type == "cuda" and (self.world == 1 or policy is self.ref_policy)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            return policy(batch["ids"], batch["attn"], batch["positions"], batch["targets"])
+            return policy(
+                batch["ids"], batch["attn"], batch["positions"], batch["targets"], **batch.get("packed", {})
+            )
 
     @torch.no_grad()
     def _logprobs_no_grad(

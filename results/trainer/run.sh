@@ -6,10 +6,10 @@
 set -u
 OUT=${1:-results/trainer}
 DIST="--groups 8 --group-size 8 --prompt 32 --response-median 256 --response-p99-ratio 10 --response-max 2048 --steps 4"
-bench() { name=$1; shift; echo "== $name: $*"; python3 -m laminar.cli bench trainer $DIST --out "$OUT/$name" "$@" 2>&1 | tail -25; }
+bench() { name=$1; shift; echo "== $name: $*"; python3 -m laminar.cli bench trainer $DIST --out "$OUT/$name" "$@" 2>&1 | grep -v "Warning\|warn(" | tail -32; }
+bench qwen0.5b-1gpu-padded --shape qwen2.5-0.5b --ranks 1 --micro-batch-tokens 32768 --packing off
 bench qwen0.5b-1gpu --shape qwen2.5-0.5b --ranks 1 --micro-batch-tokens 16384 --profile
 bench qwen0.5b-1gpu-32k --shape qwen2.5-0.5b --ranks 1 --micro-batch-tokens 32768
 bench qwen0.5b-2gpu --shape qwen2.5-0.5b --ranks 2 --micro-batch-tokens 16384
-bench qwen1.5b-1gpu --shape qwen2.5-1.5b --ranks 1 --micro-batch-tokens 16384
 bench qwen1.5b-2gpu --shape qwen2.5-1.5b --ranks 2 --micro-batch-tokens 16384 --profile
-bench qwen7b-2gpu --shape qwen2.5-7b --ranks 2 --micro-batch-tokens 8192 --activation-checkpointing
+bench qwen7b-2gpu --shape qwen2.5-7b --ranks 2 --micro-batch-tokens 16384 --activation-checkpointing
