@@ -90,6 +90,7 @@ class TrainerConfig:
     num_cpus: float = 1.0  # per trainer rank
     num_gpus: float = 0.0  # per trainer rank
     num_workers: int = 1  # trainer ranks: > 1 shards the policy with FSDP2 across them (one machine)
+    packing: str = "auto"  # on | off | auto (on CUDA): a micro-batch is one row of sequences, no padding
     activation_checkpointing: bool = False  # recompute decoder layers in the backward: less memory, ~1/3 more time
     cpu_offload: bool = False  # num_workers > 1: parameters, gradients and optimizer state in host memory
     checkpoint_every: int = 20
@@ -387,6 +388,7 @@ def validate(cfg: Config) -> None:
     _check(t.clip_high >= 0, "trainer.clip_high", t.clip_high, "non-negative")
     _check(t.correction in ("none", "tis", "mis"), "trainer.correction", t.correction, "none, tis or mis")
     _check(t.micro_batch >= 1, "trainer.micro_batch", t.micro_batch, "at least 1")
+    _check(t.packing in ("auto", "on", "off"), "trainer.packing", t.packing, "auto, on or off")
     _check(t.num_workers >= 1, "trainer.num_workers", t.num_workers, "at least 1 (ranks of the trainer)")
     _check(
         not t.cpu_offload or t.num_workers > 1,

@@ -164,6 +164,7 @@ class Runtime:
             publish_dtype="bfloat16" if cuda or cfg.model.dtype == "bfloat16" else "",
             max_nonfinite_steps=t.max_nonfinite_steps,
             activation_checkpointing=t.activation_checkpointing,
+            packing=t.packing,
             cpu_offload=t.cpu_offload,
         )
         # The trainer (and so the master relay and the checkpoint writes) prefers the driver's machine too.
