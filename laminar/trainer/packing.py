@@ -59,6 +59,9 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
     if k.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves several query heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    if q.is_cuda and torch.is_autocast_enabled("cuda"):  # RoPE in fp32 leaves q and k fp32 under autocast
+        low = torch.get_autocast_dtype("cuda")
+        q, k, v = q.to(low), k.to(low), v.to(low)
     scale = scaling if scaling is not None else 1.0 / math.sqrt(q.shape[-1])
     flash = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _varlen() is not None
     if flash and "scale" not in inspect.signature(_varlen()).parameters:
