@@ -116,20 +116,20 @@ def save_tensors(tensors: dict[str, torch.Tensor], out: Path) -> None:
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(out / "tensors.safetensors"))
 
 
-def save_sharded(tensors: dict[str, Any], out: Path) -> None:
-    """Every rank calls this with its sharded (DTensor) tensors: each writes its own rows (in parallel), then
-    rank 0 joins the files into whole tensors in ordinary safetensors files with an index, as Hugging Face lays
-    out a model, and removes the per-rank files. Nothing is pickled (the storage format is safetensors)."""
+def save_sharded(tensors: dict[str, Any], out: Path, whole: bool) -> None:
+    """Every rank calls this with its sharded (DTensor) tensors: each writes its own rows (in parallel).
+    `whole`: then rank 0 joins the files into whole tensors in ordinary safetensors files with an index, as
+    Hugging Face lays out a model, and removes the per-rank files (the weights, so the checkpoint is a model
+    directory); otherwise the per-rank files stay (the optimizer's moments: twice the weights, read back only
+    by a resume, which reshards them). Nothing is pickled (the storage format is safetensors)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     out.mkdir(parents=True, exist_ok=True)
-    writer = dcp.HuggingFaceStorageWriter(
-        str(out), save_distributed=True, enable_consolidation=True, thread_count=4
-    )
+    writer = dcp.HuggingFaceStorageWriter(str(out), save_distributed=True, enable_consolidation=whole, thread_count=8)
     dcp.save(tensors, storage_writer=writer)
     dist.barrier()
-    if dist.get_rank() == 0:
+    if whole and dist.get_rank() == 0:
         shutil.rmtree(out / "sharded", ignore_errors=True)
 
 

@@ -517,8 +517,8 @@ class Trainer:
             self.model.save_pretrained(out)
             save_tensors(moments, out / OPTIMIZER_DIR)
         else:
-            save_sharded(self._model_tensors(), out)
-            save_sharded(moments, out / OPTIMIZER_DIR)
+            save_sharded(self._model_tensors(), out, whole=True)
+            save_sharded(moments, out / OPTIMIZER_DIR, whole=False)
         if self.rank == 0:
             if self.world > 1:
                 self.model.config.save_pretrained(out)
