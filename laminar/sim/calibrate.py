@@ -44,6 +44,28 @@ def from_engine_bench(path: str | Path, base: CostModel) -> tuple[CostModel, str
     return fitted, note
 
 
+def from_trainer_bench(paths: list[str | Path], base: CostModel, params: float) -> tuple[CostModel, str]:
+    """`train_mfu` from `laminar bench trainer` on a GPU (results/trainer/*/trainer.json): the row whose model is
+    nearest the simulated one in parameters (on a log scale), preferring a sharded trainer (ranks > 1), as the
+    simulated trainer is. The bench's step includes the optimizer, so `train_step_overhead_s` stays as
+    configured (a conservative extra for gathers and data loading at scale). CPU rows are ignored."""
+    rows = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if data.get("mfu") and "ranks" in data:
+            rows.append((path, data))
+    if not rows:
+        return base, "no GPU trainer benchmark (results/trainer/*/trainer.json): train_mfu unchanged"
+    path, best = min(
+        rows, key=lambda r: (abs(np.log(r[1]["params"] / params)), r[1]["ranks"] == 1, -r[1]["mfu"])
+    )
+    note = (
+        f"{path} ({best['machine']}, {best['shape']} on {best['ranks']} GPUs): train_mfu={best['mfu']:.3f} "
+        f"({best['tokens_per_s']:,.0f} tokens/s; was {base.train_mfu:.2f})"
+    )
+    return replace(base, train_mfu=float(best["mfu"])), note
+
+
 # The small GPU schedule runs: every variant, 12 steps, two seeds (`results/schedules-gpu-repeats`).
 GPU_RUNS = ("results/schedules-gpu-repeats/seed0", "results/schedules-gpu-repeats/seed1")
 BASELINES = ("sync", "one_step", "stream", "partial")

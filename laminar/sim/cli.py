@@ -7,7 +7,7 @@ import glob
 import json
 from pathlib import Path
 
-from laminar.sim.calibrate import from_engine_bench
+from laminar.sim.calibrate import from_engine_bench, from_trainer_bench
 from laminar.sim.config import SCHEDULES, load_config
 from laminar.sim.cost import MODELS, CostModel
 from laminar.sim.experiment import bench, paper_experiment, plan, run_many
@@ -34,10 +34,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def measured_cost(base: CostModel) -> CostModel:
-    """Constants measured by our engine benchmark, when it has written results/engine-*.json."""
+def measured_cost(base: CostModel, params: float | None = None) -> CostModel:
+    """Constants measured by our engine benchmark (results/engine-*.json) and, for the trainer's MFU, by the
+    trainer benchmark (results/trainer/*/trainer.json), when they have been written."""
     for path in sorted(glob.glob("results/engine-*.json")):
         base, note = from_engine_bench(path, base)
+        print(f"calibration: {note}")
+    benches = sorted(glob.glob("results/trainer/*/trainer.json"))
+    if params is not None and benches:
+        base, note = from_trainer_bench(benches, base, params)
         print(f"calibration: {note}")
     return base
 
@@ -57,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg.with_(schedule=name)  # every name is checked before anything runs
     except (ValueError, OSError) as e:
         raise SystemExit(f"laminar simulate: {e}") from None
-    cfg = cfg.with_(cost=measured_cost(cfg.cost))
+    cfg = cfg.with_(cost=measured_cost(cfg.cost, MODELS[cfg.model].params if cfg.model in MODELS else None))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.bench:

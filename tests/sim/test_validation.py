@@ -63,3 +63,27 @@ def test_simulated_schedule_is_the_measured_runs_schedule(schedule: str) -> None
     _, name, extra = next(v for v in BENCH_VARIANTS if v[0] == VARIANTS[schedule])
     measured = Schedule.from_config(load_config(GPU_CONFIG, ["model.path=", f"schedule.name={name}", *extra]))
     assert schedule_of(Cluster(small_gpu_config(schedule=schedule))) == measured
+
+
+def test_the_trainer_benchmark_nearest_in_size_sets_the_trainers_mfu(tmp_path):
+    """`laminar bench trainer` rows calibrate `train_mfu`: the nearest model in parameters, a sharded trainer
+    preferred; CPU rows (no MFU) are ignored."""
+    import json
+
+    from laminar.sim.calibrate import from_trainer_bench
+    from laminar.sim.cost import MODELS, CostModel
+
+    rows = {
+        "small": dict(params=4.9e8, ranks=1, mfu=0.14, shape="0.5b", machine="H100", tokens_per_s=1.0),
+        "big1": dict(params=7.6e9, ranks=1, mfu=0.50, shape="7b", machine="H100", tokens_per_s=1.0),
+        "big2": dict(params=7.6e9, ranks=2, mfu=0.33, shape="7b", machine="H100", tokens_per_s=1.0),
+        "cpu": dict(params=7.6e9, ranks=2, mfu=None, shape="7b", machine="x86", tokens_per_s=1.0),
+    }
+    paths = []
+    for name, row in rows.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(row))
+        paths.append(tmp_path / f"{name}.json")
+    cost, note = from_trainer_bench(paths, CostModel(), MODELS["7B"].params)
+    assert cost.train_mfu == 0.33 and "big2" in note
+    assert from_trainer_bench(paths, CostModel(), 5e8)[0].train_mfu == 0.14
+    assert from_trainer_bench(paths[3:], CostModel(), 5e8)[0].train_mfu == CostModel().train_mfu
