@@ -14,28 +14,19 @@ from safetensors.torch import save_file
 
 def rank_main(rank: int, world: int, port: int, out: str, mode: str, ckpt: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from laminar.engine.weights import WeightLayout
-    from laminar.relay.publisher import ShardWriter
     from laminar.trainer.trainer import Trainer
     from tests.trainer.test_sharded import CFG, batch, model
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         tr = Trainer(CFG, model=model(), rank=rank, world=world)
+        publish(tr, Path(out) / "published0.bin", rank)  # version 0: the starting weights
         if mode == "resume":
             tr.load_checkpoint(ckpt)
         metrics = tr.train_step(batch())
         if mode == "save":
             tr.save_checkpoint(ckpt)
-        # the publish: every rank writes its rows into one flat file (rank 0 made it)
-        shards = tr.weight_shards()
-        layout = WeightLayout.of_specs([(s.name, s.shape, s.dtype) for s in shards])
-        flat = Path(out) / "published.bin"
-        if rank == 0:
-            flat.write_bytes(b"\0" * layout.total_bytes)
-        dist.barrier()
-        ShardWriter().write(str(flat), layout, shards)
-        dist.barrier()
+        publish(tr, Path(out) / "published.bin", rank)
         full = {k: v.full_tensor() for k, v in tr.model.state_dict().items()}
         if rank == 0:
             save_file(
@@ -45,3 +36,17 @@ def rank_main(rank: int, world: int, port: int, out: str, mode: str, ckpt: str) 
             )
     finally:
         dist.destroy_process_group()
+
+
+def publish(tr, flat: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
+    """What the runtime's publish does: every rank writes its rows into one flat file rank 0 made."""
+    from laminar.engine.weights import WeightLayout
+    from laminar.relay.publisher import ShardWriter
+
+    shards = tr.weight_shards()
+    layout = WeightLayout.of_specs([(s.name, s.shape, s.dtype) for s in shards])
+    if rank == 0:
+        flat.write_bytes(b"\0" * layout.total_bytes)
+    dist.barrier()
+    ShardWriter().write(str(flat), layout, shards)
+    dist.barrier()

@@ -111,6 +111,11 @@ def test_the_published_version_of_two_ranks_is_the_single_trainers_bytes(single,
     flatten_into(weights, layout, want)
     got = np.frombuffer((tmp / "published.bin").read_bytes(), dtype=np.uint8)
     assert got.tobytes() == want.tobytes()
+    # before any step the weights are the same numbers: the 2-rank publish is the single trainer's, byte for byte
+    start = Trainer(CFG, model=model())
+    want0 = np.zeros(layout.total_bytes, dtype=np.uint8)
+    flatten_into(start.named_weights(), layout, want0)
+    assert (tmp / "published0.bin").read_bytes() == want0.tobytes()
 
 
 def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(single, two_ranks, tmp_path):
