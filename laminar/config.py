@@ -91,7 +91,9 @@ class TrainerConfig:
     num_gpus: float = 0.0  # per trainer rank
     num_workers: int = 1  # trainer ranks: > 1 shards the policy with FSDP2 across them (one machine)
     packing: str = "auto"  # on | off | auto (on CUDA): a micro-batch is one row of sequences, no padding
-    activation_checkpointing: bool = False  # recompute decoder layers in the backward: less memory, ~1/3 more time
+    activation_checkpointing: bool = (
+        False  # recompute decoder layers in the backward: less memory, ~1/3 more time
+    )
     cpu_offload: bool = False  # num_workers > 1: parameters, gradients and optimizer state in host memory
     checkpoint_every: int = 20
     warmup_steps: int = 2  # steps excluded from the throughput window

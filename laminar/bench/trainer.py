@@ -305,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.ranks < 1:
         ap.error("--ranks must be at least 1")
     if args.device.startswith("cuda") and args.ranks > torch.cuda.device_count():
-        ap.error(f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has {torch.cuda.device_count()}")
+        ap.error(
+            f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has {torch.cuda.device_count()}"
+        )
     if args.ranks == 1:
         _write(measure(0, 1, 0, args), args)
         return 0

@@ -213,7 +213,9 @@ class ShardWriter:
             n = sh.local.numel() * sh.local.element_size()
             if sh.first_row * row_bytes + n > e.nbytes:
                 raise ValueError(f"{sh.name}: rows from {sh.first_row} ({n} bytes) pass the tensor's end")
-            dst[start : start + n].view(sh.local.dtype).view(sh.local.shape).copy_(sh.local, non_blocking=True)
+            dst[start : start + n].view(sh.local.dtype).view(sh.local.shape).copy_(
+                sh.local, non_blocking=True
+            )
             cuda |= sh.local.is_cuda
         if cuda:
             torch.cuda.synchronize()

@@ -206,7 +206,10 @@ class TrainerActor:
         if cuda:
             torch.cuda.set_device(0)  # Ray shows each rank its own GPU only
         dist.init_process_group(
-            "nccl" if cuda else "gloo", init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world
+            "nccl" if cuda else "gloo",
+            init_method=f"tcp://{host}:{port}",
+            rank=self.rank,
+            world_size=self.world,
         )
         self.trainer = Trainer(self.cfg, rank=self.rank, world=self.world)
         self.writer = ShardWriter()

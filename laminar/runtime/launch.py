@@ -21,10 +21,10 @@ from laminar.jsonio import write_json
 from laminar.manager.manager import RolloutFailure, RolloutManager
 from laminar.relay.relay import RelaySettings
 from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor
-from laminar.runtime.trainer_group import TrainerGroup
 from laminar.runtime.checkpoint import RUNTIME_STATE, log_sizes
 from laminar.runtime.evaluation import Evaluator
 from laminar.runtime.factory import Factory, use_cuda
+from laminar.runtime.trainer_group import TrainerGroup
 from laminar.schedules.schedule import Schedule
 from laminar.telemetry.recorder import Recorder, dumps
 from laminar.trainer.grpo import informative
@@ -441,7 +441,12 @@ class Runtime:
         resources, plain = self.trainer_spec
         t = self.cfg.trainer
         return TrainerGroup.start(
-            plain, self.cfg.relay.slots, t.num_workers, resources, self.cfg.run.timeout_s, on_driver_node(soft=True)
+            plain,
+            self.cfg.relay.slots,
+            t.num_workers,
+            resources,
+            self.cfg.run.timeout_s,
+            on_driver_node(soft=True),
         )
 
     def _restart_trainer(self) -> None:

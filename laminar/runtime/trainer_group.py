@@ -27,12 +27,20 @@ class TrainerGroup:
 
     @classmethod
     def start(
-        cls, cfg: Any, slots: int, world: int, resources: dict[str, Any], timeout_s: float, here: dict[str, Any]
+        cls,
+        cfg: Any,
+        slots: int,
+        world: int,
+        resources: dict[str, Any],
+        timeout_s: float,
+        here: dict[str, Any],
     ) -> TrainerGroup:
         """`resources` per rank (num_cpus, num_gpus); `here`: where a single rank prefers to run."""
         if world == 1:
             return cls([TrainerActor.options(**resources, **here).remote(cfg, slots)])
-        bundle = {"CPU": resources["num_cpus"]} | ({"GPU": resources["num_gpus"]} if resources["num_gpus"] else {})
+        bundle = {"CPU": resources["num_cpus"]} | (
+            {"GPU": resources["num_gpus"]} if resources["num_gpus"] else {}
+        )
         pg = placement_group([bundle] * world, strategy="STRICT_PACK")
         try:
             ray.get(pg.ready(), timeout=timeout_s)
@@ -69,7 +77,9 @@ class TrainerGroup:
         pending = list(refs)
         try:
             while pending:  # any rank's death ends the wait at once: the others may be stuck in a collective
-                ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+                ready, pending = ray.wait(
+                    pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+                )
                 if not ready:
                     raise ray.exceptions.GetTimeoutError(
                         f"trainer.{method}: {len(pending)} of {self.world} ranks did not answer in {timeout:.0f}s"

@@ -29,7 +29,9 @@ class _ChunkedLogprob(torch.autograd.Function):
         for s in range(0, hidden.shape[0], chunk):
             logits = (hidden[s : s + chunk].to(dtype) @ w.T).to(acc) / temperature
             lse[s : s + chunk] = torch.logsumexp(logits, dim=-1)
-            out[s : s + chunk] = logits.gather(1, targets[s : s + chunk, None]).squeeze(1) - lse[s : s + chunk]
+            out[s : s + chunk] = (
+                logits.gather(1, targets[s : s + chunk, None]).squeeze(1) - lse[s : s + chunk]
+            )
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.dtype, ctx.chunk = temperature, dtype, chunk
         return out

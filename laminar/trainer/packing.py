@@ -46,7 +46,11 @@ def _per_sequence(q, k, v, cu, scale):  # noqa: ANN001 - tensors
     bounds = cu.tolist()
     for s, e in zip(bounds[:-1], bounds[1:]):
         out[s:e] = F.scaled_dot_product_attention(
-            q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1), is_causal=True, scale=scale
+            q[s:e].transpose(0, 1),
+            k[s:e].transpose(0, 1),
+            v[s:e].transpose(0, 1),
+            is_causal=True,
+            scale=scale,
         ).transpose(0, 1)
     return out
 

@@ -52,7 +52,11 @@ def read_tensors(path: Path, what: str) -> dict[str, torch.Tensor]:
 
 # ---- trainer state: optimizer groups and steps, RNG ---------------------------------------------------------
 def save_trainer_state(
-    out: Path, param_groups: list[dict[str, Any]], steps: dict[str, int], rng: dict[str, Any], meta: dict[str, Any]
+    out: Path,
+    param_groups: list[dict[str, Any]],
+    steps: dict[str, int],
+    rng: dict[str, Any],
+    meta: dict[str, Any],
 ) -> None:
     """`trainer_state.safetensors` (torch and numpy RNG) and `trainer_state.json` (the step, the optimizer's
     groups and each parameter's update count, the rest of the RNG). The moments are in `optimizer/`."""
@@ -113,7 +117,9 @@ def load_trainer_state(
 def save_tensors(tensors: dict[str, torch.Tensor], out: Path) -> None:
     """One process's whole tensors into `out/tensors.safetensors`."""
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(out / "tensors.safetensors"))
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(out / "tensors.safetensors")
+    )
 
 
 def save_sharded(tensors: dict[str, Any], out: Path, whole: bool) -> None:
@@ -126,7 +132,9 @@ def save_sharded(tensors: dict[str, Any], out: Path, whole: bool) -> None:
     import torch.distributed.checkpoint as dcp
 
     out.mkdir(parents=True, exist_ok=True)
-    writer = dcp.HuggingFaceStorageWriter(str(out), save_distributed=True, enable_consolidation=whole, thread_count=8)
+    writer = dcp.HuggingFaceStorageWriter(
+        str(out), save_distributed=True, enable_consolidation=whole, thread_count=8
+    )
     dcp.save(tensors, storage_writer=writer)
     dist.barrier()
     if whole and dist.get_rank() == 0:

@@ -51,7 +51,9 @@ class TrainerConfig:
     max_nonfinite_steps: int = 3  # non-finite steps skipped in a row before NonFiniteError
     packing: str = "auto"  # on | off | auto (= on CUDA): micro-batches as one row of sequences, no padding
     activation_checkpointing: bool = False  # recompute each decoder layer in the backward: memory for time
-    cpu_offload: bool = False  # sharded trainer only: parameters, gradients and optimizer state in host memory
+    cpu_offload: bool = (
+        False  # sharded trainer only: parameters, gradients and optimizer state in host memory
+    )
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
     def __post_init__(self) -> None:
@@ -198,7 +200,9 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             mb_loss = torch.zeros((), dtype=torch.float64, device=self.device)
             for idx in micro:
-                if idx is None:  # this rank has no more work: a zero-loss pass keeps the ranks' collectives in step
+                if (
+                    idx is None
+                ):  # this rank has no more work: a zero-loss pass keeps the ranks' collectives in step
                     self._idle_pass(trajs)
                     continue
                 batch = self._collate([trajs[i] for i in idx], [adv_of[i] for i in idx])
@@ -500,7 +504,9 @@ class Trainer:
             local = _local(p).detach()
             first = _first_row(p, self.rank, self.world)
             out.append(
-                WeightShard(name, tuple(p.shape), dtype or p.dtype, first, local.to(dtype) if dtype else local)
+                WeightShard(
+                    name, tuple(p.shape), dtype or p.dtype, first, local.to(dtype) if dtype else local
+                )
             )
         return out
 
@@ -528,7 +534,11 @@ class Trainer:
                 copy_tokenizer_files(self.cfg.model_path, out)
             groups = self.optimizer.state_dict()["param_groups"]
             meta = {"version": self.version, "ranks": self.world, "config": asdict(self.cfg)}
-            rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+            rng = {
+                "torch": torch.get_rng_state(),
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+            }
             save_trainer_state(out, groups, steps, rng, meta)
         if self.world > 1:
             import torch.distributed as dist

@@ -122,9 +122,7 @@ def test_failing_rewards_and_a_dead_replica_loop_cost_nothing_and_leave_no_share
 
     def hook(rt, m):
         if m["version"] == 1:
-            seen["pids"] = [rt.trainer.pids()[0]] + [
-                ray.get(r.ping.remote())["pid"] for r in rt.relays
-            ]
+            seen["pids"] = [rt.trainer.pids()[0]] + [ray.get(r.ping.remote())["pid"] for r in rt.relays]
             seen["victim"] = victim = sorted(rt.replicas)[0]
             ray.get(rt.replicas[victim].__ray_call__.remote(_inject_unknown_request))
             wait_for_replacement(rt)

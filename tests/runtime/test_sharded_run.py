@@ -28,7 +28,11 @@ def test_two_trainer_ranks_train_survive_a_dead_rank_and_resume_on_one(ray_clust
             _kill_process(killed[0])
 
     cfg = tiny_run_config(
-        tiny_model_dir, tmp_path, "trainer.num_workers=2", "trainer.checkpoint_every=2", "trainer.steps=5",
+        tiny_model_dir,
+        tmp_path,
+        "trainer.num_workers=2",
+        "trainer.checkpoint_every=2",
+        "trainer.steps=5",
         "run.export=bfloat16",
     )
     summary = train(cfg, tmp_path, quiet=True, hook=hook)

@@ -13,7 +13,9 @@ from tests.trainer.test_sharded import CFG, batch, model
 
 
 def trainers():
-    return Trainer(replace(CFG, packing="off"), model=model()), Trainer(replace(CFG, packing="on"), model=model())
+    return Trainer(replace(CFG, packing="off"), model=model()), Trainer(
+        replace(CFG, packing="on"), model=model()
+    )
 
 
 def test_packed_log_probs_and_gradients_equal_the_padded_ones():

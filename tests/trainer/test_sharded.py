@@ -93,7 +93,9 @@ def test_two_ranks_take_the_same_step_as_one(single, two_ranks):
     assert loss == pytest.approx(m["loss"], abs=1e-5)
     assert grad_norm == pytest.approx(m["grad_norm"], rel=1e-4)
     assert tokens == m["tokens"]
-    assert any(float((v - model().state_dict()[k]).abs().max()) > 1e-4 for k, v in tr.model.state_dict().items())
+    assert any(
+        float((v - model().state_dict()[k]).abs().max()) > 1e-4 for k, v in tr.model.state_dict().items()
+    )
 
 
 def test_the_published_version_of_two_ranks_is_the_single_trainers_bytes(single, two_ranks):
@@ -103,7 +105,9 @@ def test_the_published_version_of_two_ranks_is_the_single_trainers_bytes(single,
     tr, _, _ = single
     sharded, tmp = two_ranks
     names = tr.publish_names()
-    assert sorted(names) == sorted(k for k in sharded if not k.startswith("metric.") and k != "lm_head.weight")
+    assert sorted(names) == sorted(
+        k for k in sharded if not k.startswith("metric.") and k != "lm_head.weight"
+    )
     weights = {k: sharded[k] for k in names}
     layout = WeightLayout.of(weights)
     assert layout == WeightLayout.of(tr.named_weights())
