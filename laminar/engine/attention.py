@@ -1,7 +1,9 @@
 """Attention over the paged KV cache: one context per forward pass, prefill and decode paths.
 
-Prefill always starts at position 0 (no prefix cache: preempted and imported requests recompute), so its attention
-needs only the step's own keys and values; the cache is written for later decode steps. Decode reads the cache
+A prefill usually starts at position 0 (preempted and imported requests recompute), and its attention needs only
+the step's own keys and values; the cache is written for later decode steps. A request resumed after a tool call
+keeps its cached prefix and prefills only what came after it (`context_starts`): its queries read the prefix
+from the cache, gathered by block table as decode does on CPU. Decode reads the cache
 through each sequence's block table: on CUDA with a Triton kernel that walks the blocks in place, on CPU by
 gathering the blocks (cheap there, and it keeps the CPU path dependency-free).
 """
@@ -32,6 +34,9 @@ class AttentionContext:
     context_lens: torch.Tensor | None = None  # [B] int32, including this step's token
     max_context_len: int = 0  # CPU gather width; ignored by the CUDA kernel
     use_triton: bool = False
+    # prefill after a cached prefix: where each sequence's new tokens start (None: every one starts at 0);
+    # `block_tables` and `max_context_len` then cover the whole sequences
+    context_starts: list[int] | None = None
 
 
 def store_kv(
@@ -51,6 +56,8 @@ def prefill_attention(
     Right padding is safe under a causal mask: padded keys come after every real query.
     """
     assert ctx.seq_lens is not None
+    if ctx.context_starts is not None:
+        raise ValueError("prefill after a cached prefix reads the cache: use extend_attention")
     b, t = len(ctx.seq_lens), max(ctx.seq_lens)
     if ctx.pad_index is None:
         qb, kb, vb = (x.view(b, t, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
@@ -61,6 +68,35 @@ def prefill_attention(
     if ctx.unpad_index is None:
         return out.reshape(-1, *out.shape[2:])
     return out.reshape(b * t, *out.shape[2:])[ctx.unpad_index]
+
+
+def extend_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttentionContext
+) -> torch.Tensor:
+    """Prefill of tokens that follow a cached prefix (this step's keys are already stored). q: [N, H, D], the
+    new tokens laid end to end; query i of a sequence sits at position start + i and sees keys 0..start + i."""
+    assert ctx.seq_lens is not None and ctx.context_starts is not None and ctx.block_tables is not None
+    b, t = len(ctx.seq_lens), max(ctx.seq_lens)
+    heads, dim = q.shape[1], q.shape[2]
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    nblocks = -(-ctx.max_context_len // block_size)
+    table = ctx.block_tables[:, :nblocks].long()
+    width = nblocks * block_size
+    k = k_cache[table].view(b, width, kv_heads, dim).transpose(1, 2)
+    v = v_cache[table].view(b, width, kv_heads, dim).transpose(1, 2)
+    qb = (q.view(b, t, heads, dim) if ctx.pad_index is None else q[ctx.pad_index]).transpose(1, 2)
+    starts = torch.tensor(ctx.context_starts, device=q.device)
+    lens = torch.tensor(ctx.seq_lens, device=q.device)
+    query_pos = starts[:, None] + torch.arange(t, device=q.device)[None, :]  # [B, T]
+    keys = torch.arange(width, device=q.device)
+    mask = keys[None, None, :] <= query_pos[:, :, None]  # causal, shifted by each prefix
+    mask |= (torch.arange(t, device=q.device)[None, :] >= lens[:, None])[:, :, None] & (
+        keys == 0
+    )  # padding rows
+    out = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask[:, None], enable_gqa=True).transpose(1, 2)
+    if ctx.unpad_index is None:
+        return out.reshape(-1, heads, dim)
+    return out.reshape(b * t, heads, dim)[ctx.unpad_index]
 
 
 def decode_attention(

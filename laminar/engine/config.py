@@ -136,6 +136,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int = 0
+    park_token_ids: tuple[int, ...] = ()  # sampled: the request parks (keeps its cache) instead of finishing
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -147,3 +148,4 @@ class SamplingParams:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens}; expected >= 1")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "park_token_ids", tuple(self.park_token_ids))

@@ -154,10 +154,13 @@ class Engine:
             token_versions=list(seq.token_versions),
             params=seq.params,
             version=self.version,
+            output_mask=seq.mask() if seq.output_mask else [],
+            parked=seq.parked,
         )
 
     def import_request(self, exported: ExportedRequest) -> None:
-        """Queue a moved request; it re-prefills prompt plus outputs, then continues its own sampling stream."""
+        """Queue a moved request; it re-prefills prompt plus outputs, then continues its own sampling stream. A
+        request that was parked (waiting for a tool) stays parked here until `resume`."""
         e = exported
         if len(e.logprobs) != len(e.output_token_ids):
             raise ValueError(
@@ -166,8 +169,58 @@ class Engine:
         tokens = list(e.prompt_token_ids) + list(e.output_token_ids)
         self._check_new(e.request_id, len(tokens), "prompt plus outputs")
         versions = list(e.token_versions) or [e.version] * len(e.output_token_ids)
-        seq = Sequence(e.request_id, tokens, len(e.prompt_token_ids), e.params, list(e.logprobs), versions)
+        seq = Sequence(
+            e.request_id,
+            tokens,
+            len(e.prompt_token_ids),
+            e.params,
+            list(e.logprobs),
+            versions,
+            output_mask=list(e.output_mask),
+        )
         self._admit(seq)
+        if e.parked:
+            self.scheduler.park(seq)
+
+    # ---- tool turns ---------------------------------------------------------------------------------------
+    def park(self, request_id: str) -> None:
+        """Take a request out of the batch between steps (its model turn ended in a tool call), keeping its
+        cached prefix; `resume` brings it back. Parked requests give their blocks up first when blocks run out."""
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            raise KeyError(
+                f"request {request_id!r} is not in this engine (finished, aborted, or never added)"
+            )
+        if not seq.parked:
+            self.scheduler.park(seq)
+
+    def resume(self, request_id: str, context_ids: list[int]) -> FinishedRequest | None:
+        """Append `context_ids` (a tool's output, as the chat template renders it) to a parked request and queue
+        it: its next prefill covers only what it has not cached (the last sampled token and these), then it
+        samples on from the same stream. The appended tokens are context: mask 0, log-prob 0.0, never trained.
+        A request that no longer fits the context ends here with reason "length" (returned)."""
+        seq = self._seqs.get(request_id)
+        if seq is None or not seq.parked:
+            raise KeyError(f"request {request_id!r} is not parked in this engine; park it before resume")
+        vocab = self.config.vocab_size
+        bad = [t for t in context_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(
+                f"request {request_id!r}: context ids {bad[:5]} outside the vocabulary [0, {vocab})"
+            )
+        if len(seq) + len(context_ids) >= self.max_model_len:
+            return self._finish(seq, "length")
+        mask = seq.mask()
+        seq.token_ids.extend(context_ids)
+        seq.logprobs.extend([0.0] * len(context_ids))
+        seq.token_versions.extend([self.version] * len(context_ids))
+        seq.output_mask = mask + [0] * len(context_ids)
+        self.scheduler.unpark(seq)
+        return None
+
+    def output_mask(self, request_id: str) -> list[int]:
+        """Per output token so far: 1 sampled, 0 appended context."""
+        return self._seqs[request_id].mask()
 
     def has_unfinished(self) -> bool:
         return bool(self._seqs)
@@ -182,10 +235,11 @@ class Engine:
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             return StepOutput()
-        num_tokens = sum(len(s) for s in seqs) if is_prefill else len(seqs)
+        num_tokens = sum(len(s) - s.num_cached for s in seqs) if is_prefill else len(seqs)
         if is_prefill:
             for s in seqs:
-                s.num_prefilled += s.num_output  # outputs recomputed after preemption or import
+                if s.num_cached == 0:
+                    s.num_prefilled += s.num_output  # outputs recomputed after preemption or import
         sb = SamplingBatch.of(
             [s.params for s in seqs], [self._keys[s.request_id] for s in seqs], [len(s) for s in seqs]
         )
@@ -199,6 +253,9 @@ class Engine:
             reason = self._finish_reason(seq, tok)
             if reason:
                 out.finished.append(self._finish(seq, reason))
+            elif tok in seq.params.park_token_ids:
+                self.scheduler.park(seq)
+                out.parked.append(seq.request_id)
         self.tokens_generated += len(seqs)
         return out
 
@@ -221,6 +278,7 @@ class Engine:
             version=seq.token_versions[0] if seq.token_versions else self.version,
             token_versions=seq.token_versions,
             reprefill_tokens=seq.num_prefilled,
+            output_mask=seq.mask() if seq.output_mask else [],
         )
 
     # ---- weights ------------------------------------------------------------------------------------------
@@ -270,6 +328,7 @@ class Engine:
             version=self.version,
             num_preemptions=self.scheduler.num_preemptions,
             block_size=self.block_size,
+            parked=len(self.scheduler.parked),
         )
 
     def reset_peak(self) -> None:

@@ -9,7 +9,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from laminar.engine.attention import AttentionContext, decode_attention, prefill_attention, store_kv
+from laminar.engine.attention import (
+    AttentionContext,
+    decode_attention,
+    extend_attention,
+    prefill_attention,
+    store_kv,
+)
 from laminar.engine.config import ModelConfig
 from laminar.engine.fused import Fused
 
@@ -57,7 +63,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.fused.rope(q, cos_sin), self.fused.rope(k, cos_sin)
         store_kv(k, v, k_cache, v_cache, ctx)
-        if ctx.is_prefill:
+        if ctx.is_prefill and ctx.context_starts is not None:
+            out = extend_attention(q, k_cache, v_cache, ctx)
+        elif ctx.is_prefill:
             out = prefill_attention(q, k, v, ctx)
         else:
             out = decode_attention(q, k_cache, v_cache, ctx)

@@ -80,23 +80,26 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence], sb: SamplingBatch) -> tuple[list[int], list[float]]:
-        """Run every token of each sequence from position 0; sample after each last token."""
-        lens = [len(s) for s in seqs]
-        ids = [t for s in seqs for t in s.token_ids]
-        positions = np.concatenate([np.arange(n) for n in lens])
+        """Run each sequence's tokens from its first uncached one (position 0, unless a resumed request kept its
+        prefix); sample after each last token."""
+        starts = [s.num_cached for s in seqs]
+        lens = [len(s) - c for s, c in zip(seqs, starts)]
+        ids = [t for s, c in zip(seqs, starts) for t in s.token_ids[c:]]
+        positions = np.concatenate([np.arange(c, len(s)) for s, c in zip(seqs, starts)])
         bs = self.block_size
         slots = np.concatenate(
             [
-                np.asarray(s.block_table, dtype=np.int64).repeat(bs)[:n] * bs + np.arange(n) % bs
-                for s, n in zip(seqs, lens)
+                np.asarray(s.block_table, dtype=np.int64).repeat(bs)[c : len(s)] * bs
+                + np.arange(c, len(s)) % bs
+                for s, c in zip(seqs, starts)
             ]
         )
         pad_index = unpad_index = None
         t = max(lens)
         if any(n != t for n in lens):
-            starts = np.cumsum([0] + lens[:-1])
+            begins = np.cumsum([0] + lens[:-1])
             ar = np.arange(t)
-            pad = np.where(ar[None, :] < np.asarray(lens)[:, None], starts[:, None] + ar[None, :], 0)
+            pad = np.where(ar[None, :] < np.asarray(lens)[:, None], begins[:, None] + ar[None, :], 0)
             unpad = np.concatenate([i * t + np.arange(n) for i, n in enumerate(lens)])
             pad_index, unpad_index = self._to_device(pad, torch.int64), self._to_device(unpad, torch.int64)
         ctx = AttentionContext(
@@ -106,6 +109,14 @@ class ModelRunner:
             pad_index=pad_index,
             unpad_index=unpad_index,
         )
+        if any(starts):  # a resumed request: its queries read the cached prefix
+            width = max(len(s.block_table) for s in seqs)
+            tables = np.zeros((len(seqs), width), dtype=np.int32)
+            for i, s in enumerate(seqs):
+                tables[i, : len(s.block_table)] = s.block_table
+            ctx.context_starts = starts
+            ctx.block_tables = self._to_device(tables, torch.int32)
+            ctx.max_context_len = max(len(s) for s in seqs)
         pos = self._to_device(positions, torch.int64)
         hidden = self.model(
             self._to_device(ids, torch.int64), self.cos_sin[pos], self.k_cache, self.v_cache, ctx

@@ -17,9 +17,13 @@ class Sequence:
     params: SamplingParams
     logprobs: list[float] = field(default_factory=list)
     token_versions: list[int] = field(default_factory=list)  # weight version that sampled each output token
+    # per output token: 1 sampled by the model, 0 appended as context (a tool's output; its log-prob is 0.0
+    # and it is never trained on). Empty means all 1 (a request that never resumed with context).
+    output_mask: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
     num_cached: int = 0
     num_prefilled: int = 0  # tokens recomputed by re-prefill (preemption or import), for accounting
+    parked: bool = False  # waiting outside the batch (for a tool), its cached prefix kept while blocks allow
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -31,6 +35,10 @@ class Sequence:
     @property
     def num_output(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    def mask(self) -> list[int]:
+        """`output_mask` filled out to every output token."""
+        return self.output_mask + [1] * (self.num_output - len(self.output_mask))
 
 
 @dataclass
@@ -44,6 +52,8 @@ class ExportedRequest:
     token_versions: list[int]
     params: SamplingParams
     version: int  # the exporting engine's weight version
+    output_mask: list[int] = field(default_factory=list)  # per output token (see Sequence); [] = all sampled
+    parked: bool = False  # it was waiting for a tool: the importer keeps it parked until `resume`
 
 
 @dataclass
@@ -58,12 +68,14 @@ class FinishedRequest:
     )
     token_versions: list[int]
     reprefill_tokens: int = 0
+    output_mask: list[int] = field(default_factory=list)  # per output token (see Sequence); [] = all sampled
 
 
 @dataclass
 class StepOutput:
     new_tokens: dict[str, list[int]] = field(default_factory=dict)
     finished: list[FinishedRequest] = field(default_factory=list)
+    parked: list[str] = field(default_factory=list)  # requests that sampled a park token (a tool call's end)
     is_prefill: bool = False
     num_tokens: int = 0  # tokens the model processed this step
 
@@ -79,3 +91,4 @@ class EngineStats:
     version: int
     num_preemptions: int = 0
     block_size: int = 16
+    parked: int = 0  # requests waiting for a tool
