@@ -56,10 +56,23 @@ class Trajectory:
     token_versions: list[int] = field(default_factory=list)
     reprefill_tokens: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    # One entry per response token when the response holds context the model did not sample (a tool's output,
+    # appended between turns): 1 = sampled (trained, has a log-prob), 0 = context (never trained, log-prob 0.0).
+    # Empty when every response token was sampled.
+    loss_mask: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def trained_mask(self) -> list[int]:
+        """`loss_mask` filled out: 1 for every response token the loss sees."""
+        return self.loss_mask or [1] * len(self.response_ids)
+
+    @property
+    def num_trained_tokens(self) -> int:
+        return sum(self.loss_mask) if self.loss_mask else len(self.response_ids)
 
     @property
     def versions(self) -> set[int]:

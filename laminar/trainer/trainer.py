@@ -183,6 +183,10 @@ class Trainer:
                     raise ValueError(
                         f"trajectory {t.traj_id}: {len(t.logprobs)} log-probs for {len(t.response_ids)} response tokens"
                     )
+                if t.loss_mask and len(t.loss_mask) != len(t.response_ids):
+                    raise ValueError(
+                        f"trajectory {t.traj_id}: loss mask of {len(t.loss_mask)} for {len(t.response_ids)} tokens"
+                    )
         advs = group_advantages([[t.reward for t in g] for g in groups], self.cfg.grpo.adv_eps)
         trajs = [t for g in groups for t in g]
         adv_of = [a for ga in advs for a in ga]
@@ -196,7 +200,7 @@ class Trainer:
         nonfinite = False
         updates = 0
         for mb_index, micro in plan:
-            num_tokens = sum(len(trajs[i].response_ids) for i in mb_index)
+            num_tokens = sum(trajs[i].num_trained_tokens for i in mb_index)  # a tool's output is not trained
             self.optimizer.zero_grad(set_to_none=True)
             mb_loss = torch.zeros((), dtype=torch.float64, device=self.device)
             for idx in micro:
@@ -374,16 +378,16 @@ class Trainer:
     def _collate(self, trajs: list[Trajectory], advs: list[float] | None = None) -> dict[str, Any]:
         """Packed (`self.packed`): one [1, T] row of all the sequences, with their positions and cumulative
         lengths. Otherwise right-padded [B, L] ids and mask. The rest is flat over the response tokens, in
-        trajectory order:
+        trajectory order (`mask` is 0 on a tool's output: context, never trained):
         `positions` (flat index into [B, L] of the prediction of each response token), `targets`, the rollout's
-        `behaviour` log-probs, `advantages` and `mask` (all ones: every flat entry is a trained token)."""
+        `behaviour` log-probs, `advantages` and `mask`."""
         if self.packed:
             return self._collate_packed(trajs, advs)
         seqs = [t.prompt_ids + t.response_ids for t in trajs]
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(seqs), width), dtype=torch.long)
-        positions, targets, behaviour, adv = [], [], [], []
+        positions, targets, behaviour, adv, mask = [], [], [], [], []
         for b, (t, s) in enumerate(zip(trajs, seqs)):
             ids[b, : len(s)] = torch.tensor(s)
             attn[b, : len(s)] = 1
@@ -392,6 +396,7 @@ class Trainer:
             targets += t.response_ids
             behaviour += t.logprobs
             adv += [advs[b] if advs is not None else 0.0] * r
+            mask += t.trained_mask
         batch = {
             "ids": ids,
             "attn": attn,
@@ -399,12 +404,12 @@ class Trainer:
             "targets": torch.tensor(targets, dtype=torch.long),
             "behaviour": torch.tensor(behaviour, dtype=torch.float32),
             "advantages": torch.tensor(adv, dtype=torch.float32),
-            "mask": torch.ones(len(targets)),
+            "mask": torch.tensor(mask, dtype=torch.float32),
         }
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _collate_packed(self, trajs: list[Trajectory], advs: list[float] | None) -> dict[str, Any]:
-        ids, pos, positions, targets, behaviour, adv, cu = [], [], [], [], [], [], [0]
+        ids, pos, positions, targets, behaviour, adv, mask, cu = [], [], [], [], [], [], [], [0]
         for b, t in enumerate(trajs):
             start, p, r = cu[-1], len(t.prompt_ids), len(t.response_ids)
             ids += t.prompt_ids + t.response_ids
@@ -413,6 +418,7 @@ class Trainer:
             targets += t.response_ids
             behaviour += t.logprobs
             adv += [advs[b] if advs is not None else 0.0] * r
+            mask += t.trained_mask
             cu.append(start + p + r)
         dev = self.device
         cu_t = torch.tensor(cu, dtype=torch.int32).to(dev, non_blocking=True)
@@ -431,7 +437,7 @@ class Trainer:
             "targets": torch.tensor(targets, dtype=torch.long).to(dev, non_blocking=True),
             "behaviour": torch.tensor(behaviour, dtype=torch.float32).to(dev, non_blocking=True),
             "advantages": torch.tensor(adv, dtype=torch.float32).to(dev, non_blocking=True),
-            "mask": torch.ones(len(targets), device=dev),
+            "mask": torch.tensor(mask, dtype=torch.float32).to(dev, non_blocking=True),
         }
 
     def _forward_logprobs(self, policy: PolicyLogprobs, batch: dict[str, Any]) -> torch.Tensor:
