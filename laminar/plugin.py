@@ -1,4 +1,4 @@
-"""User code plugs in by dotted path, `package.module:function` (reward functions, buffer samplers)."""
+"""User code plugs in by dotted path, `package.module:function` (reward functions, buffer samplers, tools)."""
 
 from __future__ import annotations
 
