@@ -38,6 +38,14 @@ class TaskConfig:
     length_p99_ratio: float = 10.0
     lengths_file: str = ""
     arith_levels: str = "1,2"  # the `arith` task: comma-separated levels (laminar.data.arith.LEVELS)
+    # multi-turn tool calls: built-in names (python, calculator) or module:function; empty = single turn
+    tools: list[str] = field(default_factory=list)
+    max_turns: int = 4  # tool calls a trajectory may make
+    max_tool_output_tokens: int = 256  # a tool's output is cut to this many context tokens
+    tool_timeout_s: float = (
+        10.0  # wall clock of one python call (the sandbox's other limits are its defaults)
+    )
+    tool_workers: int = 4  # tool calls a replica runs at once, off its decode loop
 
 
 @dataclass
@@ -453,6 +461,20 @@ def validate(cfg: Config) -> None:
         cfg.schedule.staleness >= 0, "schedule.staleness", cfg.schedule.staleness, "a non-negative integer"
     )
     _check(cfg.run.timeout_s > 0, "run.timeout_s", cfg.run.timeout_s, "a positive number of seconds")
+    k = cfg.task
+    _check(k.max_turns >= 1, "task.max_turns", k.max_turns, "at least 1 (tool calls a trajectory may make)")
+    _check(
+        k.max_tool_output_tokens >= 1, "task.max_tool_output_tokens", k.max_tool_output_tokens, "at least 1"
+    )
+    _check(k.tool_timeout_s > 0, "task.tool_timeout_s", k.tool_timeout_s, "a positive number of seconds")
+    _check(k.tool_workers >= 1, "task.tool_workers", k.tool_workers, "at least 1")
+    if k.tools:
+        from laminar.tools.registry import ToolLoadError, load_tools
+
+        try:
+            load_tools(k.tools)
+        except ToolLoadError as e:
+            raise ConfigError(f"task.tools={k.tools!r}: {e}") from None
     _check(
         cfg.run.export in ("", "float32", "bfloat16", "float16"),
         "run.export",

@@ -77,3 +77,11 @@ def test_a_demo_learning_rate_on_a_real_model_warns_in_one_line(tiny_model_dir):
     line = lr_warning(load_config(None, [f"model.path={tiny_model_dir}"]))
     assert "trainer.lr=0.0006" in line and "1e-6 to 1e-5" in line
     assert "\n" not in line
+
+
+def test_a_tool_that_does_not_load_is_named_before_anything_starts():
+    with pytest.raises(ConfigError, match=r"task.tools=\['nope'\].*not a built-in tool"):
+        load_config(None, ["task.tools=[nope]"])
+    with pytest.raises(ConfigError, match="task.max_turns=0"):
+        load_config(None, ["task.max_turns=0"])
+    assert load_config(None, ["task.tools=[python,calculator]"]).task.tools == ["python", "calculator"]

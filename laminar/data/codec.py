@@ -164,6 +164,25 @@ class TaskCodec:
         return [*self.tokenizer(answer, add_special_tokens=False)["input_ids"], self.eos_id]
 
     # ---- responses ----------------------------------------------------------------------------------------
+    def render_tool_output(self, text: str) -> list[int]:
+        """A tool's output as the context tokens that follow the model's call. With a chat template: what the
+        template puts after an assistant turn, the tool message (its tool role) and the next assistant prompt.
+        Without one: the text between <tool_output> tags on lines of their own."""
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "CALL"}]
+            try:
+                before = tok.apply_chat_template(base, tokenize=False)
+                after = tok.apply_chat_template(
+                    [*base, {"role": "tool", "content": text}], tokenize=False, add_generation_prompt=True
+                )
+            except Exception:  # noqa: BLE001 - a template without a tool role: the plain form below
+                before = after = ""
+            cut = before.rfind("CALL") + len("CALL")
+            if cut >= len("CALL") and after.startswith(before[:cut]):
+                return list(tok(after[cut:], add_special_tokens=False)["input_ids"])
+        return list(tok(f"\n<tool_output>\n{text}\n</tool_output>\n", add_special_tokens=False)["input_ids"])
+
     def decode(self, ids: list[int]) -> str:
         """Text up to (not including) the first end token; special tokens dropped."""
         ends = set(self.end_ids)

@@ -79,7 +79,9 @@ class RolloutReplica:
         timeout_s: float = 120.0,
         torch_threads: int = 1,
         interrupt_on_update: bool = False,
+        tools: Callable[[], Any] | None = None,
     ) -> None:
+        """`tools`: builds the tool-turn driver (`laminar.tools.turns.ToolTurns`) when the task calls tools."""
         torch.set_num_threads(
             torch_threads
         )  # Ray gives fractional-CPU actors one OMP thread; say so explicitly
@@ -94,6 +96,7 @@ class RolloutReplica:
         self.timeout_s = timeout_s
         self.interrupt_on_update = interrupt_on_update  # the `partial` baseline; Laminar never does this
         self.inflight: dict[str, InFlight] = {}
+        self.tools = tools() if tools is not None else None
         self.commands: queue.Queue[_Command] = queue.Queue()
         # several scoring threads: a reward that hangs until its timeout holds one, not every group after it
         self.scoring = ScoringPool(scorer, SCORE_WORKERS, name=f"score-{replica_id}")
@@ -116,6 +119,8 @@ class RolloutReplica:
         self.stop_event.set()
         self._thread.join(timeout_s)
         self.scoring.shutdown(wait=True)
+        if self.tools is not None:
+            self.tools.shutdown()
         try:  # a last report, waited for, so reward errors scored since the last heartbeat are counted
             ray.get(self._beat(force=True), timeout=timeout_s)
         except (ray.exceptions.RayError, TimeoutError):
@@ -135,8 +140,10 @@ class RolloutReplica:
         def export() -> list[tuple[Any, InFlight]]:
             out = []
             for rid in request_ids:
-                if rid in self.inflight:
+                if rid in self.inflight and not (self.tools is not None and self.tools.busy(rid)):
                     out.append((self.engine.export_request(rid), self.inflight.pop(rid)))
+                    if self.tools is not None:
+                        self.tools.forget(rid)
             return out
 
         return self.run_in_loop(export)
@@ -183,8 +190,8 @@ class RolloutReplica:
             "requests": [
                 (rid, self._blocks(rid))
                 for rid, st in sorted(self.inflight.items())
-                if not is_eval(st.group.group_id)
-            ],
+                if not is_eval(st.group.group_id) and not (self.tools is not None and self.tools.busy(rid))
+            ],  # a request waiting for its tool call stays: the call's result comes back here
             "error": self.error,
             "error_line": self.error_line,
             "error_kind": self.error_kind,
@@ -278,6 +285,10 @@ class RolloutReplica:
             self.tokens_generated += sum(len(t) for t in out.new_tokens.values())
             for fin in out.finished:
                 self._finish(fin)
+            if self.tools is not None:  # park turns that end in a call; resume those whose call came back
+                self.tools.after_step(self.engine, out)
+                for fin in self.tools.poll(self.engine, wait_s=0.0 if out.new_tokens else 0.02):
+                    self._finish(fin)
             steps += 1
             if steps % self.progress_every == 0:
                 self._report_progress(out)
@@ -317,6 +328,9 @@ class RolloutReplica:
             if is_eval(state.group.group_id):
                 continue
             tokens, logprobs = self.engine.progress(rid)
+            first = self.tools.first_context(rid) if self.tools is not None else None
+            if first is not None:  # the pool keeps model tokens only: a recovery restarts from the first call
+                tokens, logprobs = tokens[:first], logprobs[:first]
             if len(tokens) > state.reported:
                 updates[rid] = (tokens[state.reported :], logprobs[state.reported :])
                 state.reported = len(tokens)
@@ -325,6 +339,8 @@ class RolloutReplica:
 
     def _finish(self, fin: Any) -> None:
         state = self.inflight.pop(fin.request_id)
+        if self.tools is not None:
+            self.tools.forget(fin.request_id)
         traj = Trajectory(
             traj_id=fin.request_id,
             group_id=state.group.group_id,

@@ -71,6 +71,33 @@ class ScorerRecipe:
         return RewardScorer(self.reward or default, codec.decode, timeout_s=self.timeout_s)
 
 
+class ToolRecipe:
+    """Builds a replica's tool-turn driver in its own process (it holds threads): the run's tools, and the model's
+    tokenizer to read calls and render the tools' output."""
+
+    def __init__(self, model_path: str, cfg: Config) -> None:
+        self.model_path, self.task = model_path, cfg.task
+        self.stop_token_ids = tuple(cfg.rollout.stop_token_ids)
+
+    def __call__(self) -> Any:
+        from laminar.data.codec import TaskCodec
+        from laminar.tools.registry import load_tools
+        from laminar.tools.sandbox import SandboxLimits
+        from laminar.tools.turns import ToolTurns
+
+        t = self.task
+        codec = TaskCodec.from_dir(self.model_path, stop_token_ids=self.stop_token_ids)
+        return ToolTurns(
+            tools=load_tools(t.tools),
+            decode=codec.decode,
+            render=codec.render_tool_output,
+            limits=SandboxLimits(wall_s=t.tool_timeout_s, cpu_s=t.tool_timeout_s),
+            max_turns=t.max_turns,
+            max_output_tokens=t.max_tool_output_tokens,
+            workers=t.tool_workers,
+        )
+
+
 class Factory:
     """Built by the driver once the run's parts exist, handed to the manager, which makes every replica and
     relay with it. `engine_path` and `version` are where the replicas' first weights come from (a resumed run:
@@ -119,6 +146,7 @@ class Factory:
             heartbeat_s=r.heartbeat_s,
             timeout_s=cfg.run.timeout_s,
             interrupt_on_update=self.interrupt_on_update,
+            tools=ToolRecipe(self.model_path, cfg) if t.tools else None,
         )
 
     def relay(self, node: str, name: str) -> Any:

@@ -124,3 +124,14 @@ def test_a_checkpoint_is_a_whole_hugging_face_model_directory(llama_dir, tmp_pat
         assert torch.equal(p, model.state_dict()[name]), name
     before, after = TaskCodec.from_dir(llama_dir), TaskCodec.from_dir(out)
     assert after.encode_prompt(CHAT) == before.encode_prompt(CHAT) and after.end_ids == before.end_ids
+
+
+def test_a_tools_output_is_rendered_through_the_chat_templates_tool_role(chatml_dir, llama_dir):
+    """After the model's call: the end of its turn, the tool message, the next assistant prompt; a model with
+    no template gets the output between <tool_output> tags."""
+    chatml = TaskCodec.from_dir(chatml_dir)
+    text = chatml.tokenizer.decode(chatml.render_tool_output("42"))
+    assert text.startswith("<|im_end|>") and "42" in text and text.endswith("<|im_start|>assistant\n"), text
+    llama = TaskCodec.from_dir(llama_dir)
+    text = llama.tokenizer.decode(llama.render_tool_output("42"))
+    assert "42" in text and "assistant" in text, text

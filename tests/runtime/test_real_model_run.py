@@ -38,6 +38,7 @@ def test_a_chat_model_trains_on_a_verl_parquet(ray_cluster, tmp_path):
             f"data.train_files={tmp_path / 'train.parquet'}",
             "data.system_prompt=Answer with a number.",
             "task.reward=tests.realmodel:ground_truth_reward",
+            "task.tools=[calculator]",  # each replica builds its tool driver (no call is made in 8 tokens)
             f"run.out={out}",
             "trainer.steps=2",
             "trainer.groups_per_step=2",

@@ -1,0 +1,85 @@
+"""The replica's tool-turn driver over a real engine: a turn that ends in a call parks, the tool runs on a worker
+thread while the other requests decode, and the request resumes with the tool's output as context."""
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from laminar.tools.registry import ToolCall
+from laminar.tools.sandbox import ToolResult
+from laminar.tools.turns import ToolTurns
+
+from .helpers import engine_for, hf_model
+from .test_tool_turns import PARAMS, PROMPT, TOOL, drain, uninterrupted
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hf_model("qwen2")
+
+
+def slow_tool(arguments: str, limits) -> ToolResult:  # noqa: ANN001 - SandboxLimits
+    time.sleep(0.2)  # the other request keeps decoding meanwhile
+    return ToolResult(text=f"ran {arguments}", ok=True, reason="ok", seconds=0.2, truncated=False)
+
+
+def test_a_call_parks_runs_off_the_loop_and_resumes_exactly(model):
+    ref = engine_for(model)
+    ref.add_request("r", PROMPT, PARAMS)
+    ref.add_request("other", [7, 8, 9], PARAMS)
+    alone = drain(ref)
+    marker = alone["r"].output_token_ids[4]
+    stop = alone["r"].output_token_ids.index(marker) + 1  # the first turn ends at the marker's first use
+
+    rendered = []
+    turns = ToolTurns(
+        tools={"slow": slow_tool},
+        decode=lambda ids: " ".join(map(str, ids)),
+        render=lambda text: rendered.append(text) or list(TOOL),
+        max_turns=1,
+        detect=lambda ids: ToolCall("slow", str(len(ids)), "") if ids and ids[-1] == marker else None,
+    )
+    engine = engine_for(model)
+    engine.add_request("r", PROMPT, PARAMS)
+    engine.add_request("other", [7, 8, 9], PARAMS)
+    done, decoded_while_parked = {}, 0
+    while engine.has_unfinished():
+        out = engine.step()
+        done.update({f.request_id: f for f in out.finished})
+        decoded_while_parked += bool(turns.has_pending() and "other" in out.new_tokens)
+        turns.after_step(engine, out)
+        idle = not out.new_tokens
+        done.update({f.request_id: f for f in turns.poll(engine, wait_s=0.05 if idle else 0.0)})
+    turns.shutdown()
+
+    assert rendered == [f"ran {stop}"] and turns.calls == 1 and turns.errors == 0
+    assert decoded_while_parked > 0  # the loop never waited for the tool while there was work
+    assert done["other"].output_token_ids == alone["other"].output_token_ids
+    turn1 = alone["r"].output_token_ids[:stop]
+    want = uninterrupted(model, turn1)
+    got = done["r"]
+    assert got.output_token_ids == turn1 + TOOL + want.output_token_ids
+    assert got.output_mask == [1] * stop + [0] * len(TOOL) + [1] * len(want.output_token_ids)
+    assert turns.turns["r"].waited_s >= 0.2
+
+
+def test_max_turns_bounds_the_calls(model):
+    turns = ToolTurns(
+        tools={"slow": slow_tool},
+        decode=str,
+        render=lambda text: [3],
+        max_turns=2,
+        detect=lambda ids: ToolCall("slow", "", "") if ids else None,  # every token closes a call
+    )
+    engine = engine_for(model)
+    engine.add_request("r", PROMPT, replace(PARAMS, max_new_tokens=12))
+    done = {}
+    while engine.has_unfinished():
+        out = engine.step()
+        done.update({f.request_id: f for f in out.finished})
+        turns.after_step(engine, out)
+        done.update({f.request_id: f for f in turns.poll(engine, wait_s=0.5)})
+    turns.shutdown()
+    assert turns.calls == 2
+    assert done["r"].output_mask.count(0) == 2
