@@ -1,4 +1,5 @@
-"""Paged KV blocks: a free list of fixed-size blocks and each sequence's table of the blocks it holds."""
+"""Paged KV blocks: a free list of fixed-size blocks, each sequence's table of the blocks it holds, and a
+reference count per block, since the samples of a group share their prompt's full blocks (`share`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.free: deque[int] = deque(range(num_blocks))
+        self.refs = [0] * num_blocks
         self.peak_used = 0
 
     @property
@@ -28,11 +30,25 @@ class BlockManager:
         need = self.blocks_for(len(seq)) - len(seq.block_table)
         if need > len(self.free):
             raise RuntimeError(f"{seq.request_id}: needs {need} KV blocks, {len(self.free)} free")
-        seq.block_table.extend(self.free.popleft() for _ in range(need))
+        for _ in range(need):
+            block = self.free.popleft()
+            self.refs[block] = 1
+            seq.block_table.append(block)
         self.peak_used = max(self.peak_used, self.num_used)
 
+    def share(self, seq: Sequence, blocks: list[int]) -> None:
+        """`seq` (holding no blocks) starts with `blocks`, full blocks another sequence has computed."""
+        assert not seq.block_table, "a sequence shares blocks only before it holds any"
+        for block in blocks:
+            self.refs[block] += 1
+        seq.block_table = list(blocks)
+
     def release(self, seq: Sequence) -> None:
-        self.free.extend(seq.block_table)
+        """Drop the sequence's references; a block no sequence holds goes back to the free list."""
+        for block in seq.block_table:
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self.free.append(block)
         seq.block_table = []
         seq.num_cached = 0
 

@@ -69,6 +69,8 @@ class Engine:
         self.tokens_generated = 0
         self.eos = set(cfg.eos_token_ids)
         self._seqs: dict[str, Sequence] = {}
+        self._prompt_leads: dict[tuple[int, ...], Sequence] = {}  # prompt -> the first live request with it
+        self.prefill_tokens = 0
         self._keys: dict[str, int] = {}
         if weights is not None:
             self.load_state_dict(weights, version)
@@ -108,6 +110,13 @@ class Engine:
                 f"request {request_id!r}: token ids {bad[:5]} outside the vocabulary [0, {vocab})"
             )
         seq = Sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params)
+        # the samples of a group share a prompt: the first computes it, the others start from its blocks
+        key = tuple(prompt_token_ids)
+        lead = self._prompt_leads.get(key)
+        if lead is not None and self._seqs.get(lead.request_id) is lead:
+            seq.share_from = lead
+        else:
+            self._prompt_leads[key] = seq
         self._admit(seq)
 
     def _check_new(self, request_id: str, num_tokens: int, what: str) -> None:
@@ -137,6 +146,9 @@ class Engine:
         if seq is not None:
             self.scheduler.remove(seq)
             self._keys.pop(request_id)
+            key = tuple(seq.token_ids[: seq.num_prompt_tokens])
+            if self._prompt_leads.get(key) is seq:
+                del self._prompt_leads[key]
 
     def export_request(self, request_id: str) -> ExportedRequest:
         """Remove a request and return what another engine needs to continue it."""
@@ -237,6 +249,8 @@ class Engine:
             return StepOutput()
         num_tokens = sum(len(s) - s.num_cached for s in seqs) if is_prefill else len(seqs)
         if is_prefill:
+            self.prefill_tokens += num_tokens
+        if is_prefill:
             for s in seqs:
                 if s.num_cached == 0:
                     s.num_prefilled += s.num_output  # outputs recomputed after preemption or import
@@ -329,6 +343,8 @@ class Engine:
             num_preemptions=self.scheduler.num_preemptions,
             block_size=self.block_size,
             parked=len(self.scheduler.parked),
+            prefill_tokens=self.prefill_tokens,
+            shared_prompt_tokens=self.scheduler.shared_prompt_tokens,
         )
 
     def reset_peak(self) -> None:

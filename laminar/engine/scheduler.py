@@ -24,19 +24,25 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.parked: list[Sequence] = []  # oldest first
         self.num_preemptions = 0
+        self.shared_prompt_tokens = 0
 
     def schedule(self) -> tuple[list[Sequence], bool]:
-        batch, tokens = [], 0
+        batch, tokens, deferred = [], 0, []
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if batch and tokens + len(seq) > self.max_num_batched_tokens:
+            if self._waits_for_its_prompt(seq, batch):
+                deferred.append(self.waiting.popleft())  # next step, it shares the computed prompt
+                continue
+            self._share_prompt(seq)
+            if batch and tokens + len(seq) - seq.num_cached > self.max_num_batched_tokens:
                 break
             if not self.blocks.can_allocate(seq) and not self._free_parked(seq):
                 break
             self.blocks.allocate(seq)
             self.running.append(self.waiting.popleft())
             batch.append(seq)
-            tokens += len(seq)
+            tokens += len(seq) - seq.num_cached
+        self.waiting.extendleft(reversed(deferred))
         if batch:
             return batch, True
 
@@ -59,6 +65,32 @@ class Scheduler:
         self.blocks.release(seq)
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    def _waits_for_its_prompt(self, seq: Sequence, batch: list[Sequence]) -> bool:
+        """A group's later sample waits while the group's first is still to compute the prompt (queued, or in
+        this very prefill); if the first is gone (finished, moved, preempted), it prefills alone."""
+        lead = seq.share_from
+        if lead is None or seq.block_table:
+            return False
+        if lead in batch or (lead in self.waiting and not lead.block_table):
+            return True
+        return False
+
+    def _share_prompt(self, seq: Sequence) -> None:
+        """Start `seq` from its group's first sample's full prompt blocks (at least one prompt token is left to
+        prefill: its logits give the first sample). Blocks are shared only whole, so no one writes into a block
+        another reads: the partly filled last block of the prompt is computed again, never copied."""
+        lead, seq.share_from = seq.share_from, None
+        if lead is None or seq.block_table or lead.parked or lead not in self.running:
+            return
+        n = (seq.num_prompt_tokens - 1) // self.blocks.block_size
+        if n == 0 or len(lead.block_table) < n or lead.num_cached < n * self.blocks.block_size:
+            return
+        if lead.token_ids[: n * self.blocks.block_size] != seq.token_ids[: n * self.blocks.block_size]:
+            return
+        self.blocks.share(seq, lead.block_table[:n])
+        seq.num_cached = n * self.blocks.block_size
+        self.shared_prompt_tokens += seq.num_cached
 
     def _free_parked(self, seq: Sequence) -> bool:
         """Take blocks back from parked requests, longest-parked first, until `seq` fits; True if it does."""

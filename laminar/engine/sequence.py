@@ -24,6 +24,9 @@ class Sequence:
     num_cached: int = 0
     num_prefilled: int = 0  # tokens recomputed by re-prefill (preemption or import), for accounting
     parked: bool = False  # waiting outside the batch (for a tool), its cached prefix kept while blocks allow
+    # the first request with the same prompt: once it has computed the prompt, this one starts from its full
+    # blocks and prefills only the rest (one prefill per group); None = prefill alone
+    share_from: Sequence | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -92,3 +95,5 @@ class EngineStats:
     num_preemptions: int = 0
     block_size: int = 16
     parked: int = 0  # requests waiting for a tool
+    prefill_tokens: int = 0  # tokens run through prefill, all told
+    shared_prompt_tokens: int = 0  # prompt tokens a request took from its group's first instead of prefilling
