@@ -46,6 +46,12 @@ class TaskConfig:
         10.0  # wall clock of one python call (the sandbox's other limits are its defaults)
     )
     tool_workers: int = 4  # tool calls a replica runs at once, off its decode loop
+    # the `lengths` workload with tool turns (benchmarks): calls per response (geometric mean; 0 = none),
+    # each call's latency (lognormal), and the context tokens it returns
+    tool_calls_mean: float = 0.0
+    tool_latency_median_s: float = 0.5
+    tool_latency_p99_ratio: float = 10.0
+    tool_output_tokens: int = 32
 
 
 @dataclass
@@ -468,6 +474,22 @@ def validate(cfg: Config) -> None:
     )
     _check(k.tool_timeout_s > 0, "task.tool_timeout_s", k.tool_timeout_s, "a positive number of seconds")
     _check(k.tool_workers >= 1, "task.tool_workers", k.tool_workers, "at least 1")
+    _check(
+        k.tool_calls_mean >= 0, "task.tool_calls_mean", k.tool_calls_mean, "0 (no calls) or a positive mean"
+    )
+    _check(
+        k.tool_calls_mean == 0 or k.name == "lengths",
+        "task.tool_calls_mean",
+        k.tool_calls_mean,
+        "0 unless task.name=lengths (scripted calls are the benchmark workload's; real tasks use task.tools)",
+    )
+    _check(
+        k.tool_latency_median_s >= 0, "task.tool_latency_median_s", k.tool_latency_median_s, ">= 0 seconds"
+    )
+    _check(
+        k.tool_latency_p99_ratio >= 1, "task.tool_latency_p99_ratio", k.tool_latency_p99_ratio, "at least 1"
+    )
+    _check(k.tool_output_tokens >= 1, "task.tool_output_tokens", k.tool_output_tokens, "at least 1")
     if k.tools:
         from laminar.tools.registry import ToolLoadError, load_tools
 

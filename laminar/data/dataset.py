@@ -243,8 +243,13 @@ def train_rows(cfg: Any) -> list[dict[str, Any]]:
             lengths_file=t.lengths_file,
             max_len=cfg.rollout.max_new_tokens,
             seed=t.seed,
+            tool_calls_mean=t.tool_calls_mean,
+            tool_latency_median_s=t.tool_latency_median_s,
+            tool_latency_p99_ratio=t.tool_latency_p99_ratio,
+            tool_output_tokens=t.tool_output_tokens,
+            max_calls=t.max_turns,
         ).rows(t.num_prompts)
-        keep = ("sampling",)  # each row fixes its response length
+        keep = ("sampling", "tool_script")  # each row fixes its response length (and its tool calls)
     elif t.name == "arith":
         from laminar.data.arith import ArithTask, parse_levels
 

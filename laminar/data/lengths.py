@@ -1,6 +1,13 @@
 """The length-controlled benchmark workload: each prompt carries the response length it must produce, so a
 schedule's speed does not depend on what the model learns. Lengths are lognormal with p99 = `p99_ratio` x the
-median by default (the long tail of reasoning), or read from a file (one integer per line)."""
+median by default (the long tail of reasoning), or read from a file (one integer per line).
+
+With `tool_calls_mean > 0` it is the tool workload: each response is cut into turns by tool calls whose number
+is geometric (mean `tool_calls_mean`, capped at `max_calls`) and whose latencies are lognormal (median
+`tool_latency_median_s`, p99 `tool_latency_p99_ratio` x it). A call appends `tool_output_tokens` tokens of
+context. The row's `tool_script` says where each call falls (after how many sampled tokens), how long it takes
+and how much it returns; the replica plays it (`laminar.tools.turns`), so random-weight models exercise the
+schedules on multi-turn trajectories."""
 
 from __future__ import annotations
 
@@ -21,6 +28,11 @@ class LengthWorkload:
     prompt_len: int = 16
     lengths_file: str = ""
     seed: int = 0
+    tool_calls_mean: float = 0.0  # 0: single-turn responses
+    tool_latency_median_s: float = 0.5
+    tool_latency_p99_ratio: float = 10.0
+    tool_output_tokens: int = 32
+    max_calls: int = 8
 
     def lengths(self, count: int) -> list[int]:
         rng = random.Random(self.seed)
@@ -47,16 +59,38 @@ class LengthWorkload:
         ]
 
     def rows(self, count: int) -> list[dict[str, Any]]:
-        """Rows whose `sampling` field fixes the response length and ignores end-of-sequence."""
+        """Rows whose `sampling` field fixes the response length and ignores end-of-sequence (and, for the tool
+        workload, whose `tool_script` places the calls)."""
         rng = random.Random(self.seed + 1)
-        return [
-            {
+        tools = random.Random(self.seed + 2)
+        rows = []
+        for n in self.lengths(count):
+            row: dict[str, Any] = {
                 "prompt": " ".join(str(rng.randrange(10)) for _ in range(self.prompt_len)) + " =",
                 "answer": "",
                 "sampling": {"max_new_tokens": n, "ignore_eos": True},
             }
-            for n in self.lengths(count)
-        ]
+            if self.tool_calls_mean > 0 and n > 1:
+                script = self.tool_script(n, tools)
+                row["tool_script"] = script
+                row["sampling"]["max_new_tokens"] = n + len(script["calls_at"]) * self.tool_output_tokens
+            rows.append(row)
+        return rows
+
+    def tool_script(self, n: int, rng: random.Random) -> dict[str, Any]:
+        """Calls after distinct counts of sampled tokens in [1, n), their latencies and their output size."""
+        p = 1.0 / (1.0 + self.tool_calls_mean)  # geometric on {0, 1, ...} with this mean
+        calls = 0
+        while calls < min(self.max_calls, n - 1) and rng.random() > p:
+            calls += 1
+        sigma = math.log(self.tool_latency_p99_ratio) / Z99
+        return {
+            "calls_at": sorted(rng.sample(range(1, n), calls)),
+            "latency_s": [
+                round(self.tool_latency_median_s * math.exp(rng.gauss(0.0, sigma)), 4) for _ in range(calls)
+            ],
+            "output_tokens": self.tool_output_tokens,
+        }
 
 
 def length_reward(response: str, row: dict[str, Any]) -> float:

@@ -97,6 +97,8 @@ class RolloutReplica:
         self.interrupt_on_update = interrupt_on_update  # the `partial` baseline; Laminar never does this
         self.inflight: dict[str, InFlight] = {}
         self.tools = tools() if tools is not None else None
+        if self.tools is not None:  # the benchmark's tool workload scripts its calls per row
+            self.tools.script_of = self._tool_script
         self.commands: queue.Queue[_Command] = queue.Queue()
         # several scoring threads: a reward that hangs until its timeout holds one, not every group after it
         self.scoring = ScoringPool(scorer, SCORE_WORKERS, name=f"score-{replica_id}")
@@ -110,6 +112,11 @@ class RolloutReplica:
         self._reader: Any = None  # SlotReader when the engine is on CUDA
         self._newest_ref: Any = None  # partial rollout: the relay's answer to "newest version?", in flight
         self._thread = threading.Thread(target=self._main, name=f"replica-{replica_id}", daemon=True)
+
+    def _tool_script(self, rid: str) -> dict[str, Any] | None:
+        """The benchmark workload's scripted calls of a request (`laminar.data.lengths`), or None."""
+        state = self.inflight.get(rid)
+        return state.group.meta.get("tool_script") if state is not None else None
 
     # ---- called by the actor's other threads -------------------------------------------------------------
     def start(self) -> None:

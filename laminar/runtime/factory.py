@@ -146,7 +146,7 @@ class Factory:
             heartbeat_s=r.heartbeat_s,
             timeout_s=cfg.run.timeout_s,
             interrupt_on_update=self.interrupt_on_update,
-            tools=ToolRecipe(self.model_path, cfg) if t.tools else None,
+            tools=ToolRecipe(self.model_path, cfg) if t.tools or t.tool_calls_mean > 0 else None,
         )
 
     def relay(self, node: str, name: str) -> Any:

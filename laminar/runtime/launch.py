@@ -367,6 +367,7 @@ class Runtime:
                     "finish_reason": t.finish_reason,
                     "prompt_ids": t.prompt_ids,
                     "response_ids": t.response_ids,
+                    **({"loss_mask": t.loss_mask} if t.loss_mask else {}),  # 0: a tool's output
                     **({"filtered": True} if dropped else {}),
                 }
                 f.write(dumps(row) + "\n")  # strict JSON, as every file of the run

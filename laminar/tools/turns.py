@@ -32,6 +32,8 @@ class Turn:
     waited_s: float = 0.0  # time spent parked, all calls told
     parked_at: float = 0.0
     first_call_end: int | None = None  # output length when the first call closed (before any context)
+    context: int = 0  # context tokens appended so far (outputs minus these are the sampled tokens)
+    scripted_ids: list[int] | None = None  # a scripted call's output, given as tokens
 
 
 @dataclass
@@ -48,6 +50,9 @@ class ToolTurns:
     max_output_tokens: int = 256
     workers: int = 4
     detect: Callable[[list[int]], ToolCall | None] | None = None
+    # a request's scripted calls (the benchmark's tool workload, `laminar.data.lengths`), or None
+    script_of: Callable[[str], dict[str, Any] | None] | None = None
+    script_token: int = 0  # the token a scripted call's output is made of
     turns: dict[str, Turn] = field(default_factory=dict)
     calls: int = 0
     errors: int = 0
@@ -67,16 +72,33 @@ class ToolTurns:
             if turn.calls >= self.max_turns:
                 continue
             output = engine.progress(rid)[0]
-            call = self._find_call(output[turn.start :], new)
-            if call is None:
+            script = self.script_of(rid) if self.script_of is not None else None
+            if script is not None:
+                calls_at = script["calls_at"]
+                if turn.calls >= len(calls_at) or len(output) - turn.context < calls_at[turn.calls]:
+                    continue
+                latency = float(script["latency_s"][turn.calls])
+                turn.scripted_ids = [self.script_token] * int(script["output_tokens"])
+                self._park(engine, rid, turn, len(output), self.pool.submit(_scripted_call, latency))
                 continue
-            engine.park(rid)
-            if turn.first_call_end is None:
-                turn.first_call_end = len(output)
-            turn.calls += 1
-            turn.parked_at = time.monotonic()
-            turn.pending = self.pool.submit(run_tool_call, call, self.tools, self.limits)
-            self.calls += 1
+            call = self._find_call(output[turn.start :], new)
+            if call is not None:
+                self._park(
+                    engine,
+                    rid,
+                    turn,
+                    len(output),
+                    self.pool.submit(run_tool_call, call, self.tools, self.limits),
+                )
+
+    def _park(self, engine: Any, rid: str, turn: Turn, length: int, call: cf.Future) -> None:
+        engine.park(rid)
+        if turn.first_call_end is None:
+            turn.first_call_end = length
+        turn.calls += 1
+        turn.parked_at = time.monotonic()
+        turn.pending = call
+        self.calls += 1
 
     def poll(self, engine: Any, wait_s: float = 0.0) -> list[Any]:
         """Resume every request whose tool call has come back (waiting up to `wait_s` for one when nothing else
@@ -93,12 +115,16 @@ class ToolTurns:
             turn.waited_s += time.monotonic() - turn.parked_at
             result: ToolResult = fut.result()
             self.errors += not result.ok
-            ids = self.render(result.text)[: self.max_output_tokens]
+            if turn.scripted_ids is not None:
+                ids, turn.scripted_ids = turn.scripted_ids, None
+            else:
+                ids = self.render(result.text)[: self.max_output_tokens]
             fin = engine.resume(rid, ids)
             if fin is not None:
                 ended.append(fin)
                 self.turns.pop(rid, None)
             else:
+                turn.context += len(ids)
                 turn.start = len(engine.progress(rid)[0])
         return ended
 
@@ -125,9 +151,18 @@ class ToolTurns:
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
+    def waited_s(self) -> float:
+        return sum(t.waited_s for t in self.turns.values())
+
     def _find_call(self, turn_ids: list[int], new: list[int]) -> ToolCall | None:
         if self.detect is not None:
             return self.detect(turn_ids)
         if not any(c in self.decode(new) for c in CALL_ENDS):  # cheap: most tokens close nothing
             return None
         return parse_tool_call(self.decode(turn_ids))
+
+
+def _scripted_call(latency_s: float) -> ToolResult:
+    """A benchmark's tool: it takes its scripted time and returns (its output is given as tokens)."""
+    time.sleep(latency_s)
+    return ToolResult(text="", ok=True, reason="ok", seconds=latency_s, truncated=False)

@@ -41,3 +41,23 @@ def test_jsonl_rows_are_checked_by_row_and_field(tmp_path):
         load_jsonl(tmp_path / "missing.jsonl")
     p.write_text('{"prompt": "1 ="}\n')
     assert load_jsonl(p) == [{"prompt": "1 =", "data_source": "", "ground_truth": None, "extra_info": {}}]
+
+
+def test_the_tool_workload_scripts_long_tailed_calls_within_each_response():
+    from laminar.data.lengths import LengthWorkload
+
+    w = LengthWorkload(
+        median=64, tool_calls_mean=2.0, tool_latency_median_s=0.5, tool_output_tokens=8, seed=1
+    )
+    rows = w.rows(2000)
+    calls = [len(r["tool_script"]["calls_at"]) for r in rows if "tool_script" in r]
+    assert 1.6 < sum(calls) / len(calls) < 2.4 and max(calls) >= 6  # geometric: a long tail of many calls
+    latency = sorted(x for r in rows for x in r.get("tool_script", {}).get("latency_s", []))
+    median, p99 = latency[len(latency) // 2], latency[int(len(latency) * 0.99)]
+    assert 0.4 < median < 0.6 and p99 / median > 7
+    for r in rows[:200]:
+        script, budget = r["tool_script"], r["sampling"]["max_new_tokens"]
+        k = len(script["calls_at"])
+        n = budget - k * 8
+        assert all(1 <= c < n for c in script["calls_at"]) and len(set(script["calls_at"])) == k
+    assert "tool_script" not in LengthWorkload(median=64, seed=1).rows(5)[0]

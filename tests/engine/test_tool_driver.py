@@ -83,3 +83,26 @@ def test_max_turns_bounds_the_calls(model):
     turns.shutdown()
     assert turns.calls == 2
     assert done["r"].output_mask.count(0) == 2
+
+
+def test_a_scripted_call_workload_parks_where_the_script_says(model):
+    """The benchmark's tool workload: calls after the scripted counts of sampled tokens, each returning its
+    scripted number of context tokens."""
+    script = {"calls_at": [3, 7], "latency_s": [0.05, 0.01], "output_tokens": 4}
+    turns = ToolTurns(
+        tools={}, decode=str, render=lambda text: [], script_of=lambda rid: script, script_token=9
+    )
+    engine = engine_for(model)
+    n = 12
+    engine.add_request("r", PROMPT, replace(PARAMS, max_new_tokens=n + 2 * 4))
+    done = {}
+    while engine.has_unfinished():
+        out = engine.step()
+        done.update({f.request_id: f for f in out.finished})
+        turns.after_step(engine, out)
+        done.update({f.request_id: f for f in turns.poll(engine, wait_s=0.2)})
+    turns.shutdown()
+    got = done["r"]
+    assert got.output_mask == [1] * 3 + [0] * 4 + [1] * 4 + [0] * 4 + [1] * 5
+    assert [t for t, m in zip(got.output_token_ids, got.output_mask) if not m] == [9] * 8
+    assert turns.calls == 2 and turns.waited_s() >= 0.06
