@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from laminar.engine.config import SamplingParams
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: queues find it by identity, never by comparing its tokens
 class Sequence:
     """Prompt plus generated tokens; `num_cached` of them have keys/values in the blocks of `block_table`."""
 
