@@ -12,9 +12,12 @@ import time
 
 import pytest
 import ray
+import torch
+from transformers import AutoModelForCausalLM
 
 from laminar.config import load_config
 from laminar.engine import Engine, SamplingParams
+from laminar.models.export import main as export_main
 from laminar.rollout.replica import sample_seed
 from laminar.telemetry.audit import audit_run
 from laminar.train import train
@@ -214,11 +217,15 @@ def test_a_run_stopped_hard_and_resumed_trains_every_prompt_once(ray_cluster, ti
 
 
 def test_a_killed_trainer_restarts_from_its_checkpoint_and_catches_up(ray_cluster, tiny_model_dir, tmp_path):
+    """The trainer is 2 FSDP2 ranks (gloo): killing one takes the group down, and the whole group restarts from
+    its checkpoint and replays, while the rollouts go on. (One rank restarts the same way; resuming a 2-rank
+    checkpoint on 1 rank is tests/trainer/test_sharded.py's.)"""
     killed = []
 
     def hook(rt, m):
+        assert rt.trainer.world == 2
         if m["version"] == 3 and not killed:
-            killed.append(rt.trainer.pids()[0])
+            killed.append(rt.trainer.pids()[1])
             _kill_process(killed[0])
 
     cfg = load_config(
@@ -232,10 +239,19 @@ def test_a_killed_trainer_restarts_from_its_checkpoint_and_catches_up(ray_cluste
             "rollout.groups_per_batch=1",
             "buffer.capacity_groups=6",
             "trainer.checkpoint_every=2",
+            "trainer.num_workers=2",
+            "run.export=bfloat16",
         ],
     )
     summary = train(cfg, tmp_path, quiet=True, hook=hook)
     assert killed and summary["failures"]["trainer"] == 1
+    ckpt = tmp_path / "checkpoint"  # the ranks' rows joined into a model directory; the final export beside
+    assert (ckpt / "model.safetensors.index.json").is_file(), sorted(p.name for p in ckpt.iterdir())
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    whole = AutoModelForCausalLM.from_pretrained(ckpt)
+    for (name, a), b in zip(hf.state_dict().items(), whole.state_dict().values()):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16)), name
+    assert export_main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
     assert summary["trainer_steps"] == 6
     t = summary["trajectories"]
     assert t["lost"] == 0 and t["duplicated"] == 0, t
