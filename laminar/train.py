@@ -65,7 +65,7 @@ def start_ray(cfg: Config) -> None:
     if cfg.run.ray_address:
         ray.init(address=cfg.run.ray_address, log_to_driver=True)
         return
-    need = cfg.trainer.num_cpus + cfg.rollout.replicas * cfg.rollout.num_cpus
+    need = cfg.trainer.num_cpus * cfg.trainer.num_workers + cfg.rollout.replicas * cfg.rollout.num_cpus
     ray.init(
         address="local",
         num_cpus=cfg.run.num_cpus or math.ceil(need) + 1,
