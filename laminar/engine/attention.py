@@ -37,6 +37,7 @@ class AttentionContext:
     # prefill after a cached prefix: where each sequence's new tokens start (None: every one starts at 0);
     # `block_tables` and `max_context_len` then cover the whole sequences
     context_starts: list[int] | None = None
+    extend_mask: torch.Tensor | None = None  # built by the first layer's extend_attention, reused by the rest
 
 
 def store_kv(
@@ -85,15 +86,17 @@ def extend_attention(
     k = k_cache[table].view(b, width, kv_heads, dim).transpose(1, 2)
     v = v_cache[table].view(b, width, kv_heads, dim).transpose(1, 2)
     qb = (q.view(b, t, heads, dim) if ctx.pad_index is None else q[ctx.pad_index]).transpose(1, 2)
-    starts = torch.tensor(ctx.context_starts, device=q.device)
-    lens = torch.tensor(ctx.seq_lens, device=q.device)
-    query_pos = starts[:, None] + torch.arange(t, device=q.device)[None, :]  # [B, T]
-    keys = torch.arange(width, device=q.device)
-    mask = keys[None, None, :] <= query_pos[:, :, None]  # causal, shifted by each prefix
-    mask |= (torch.arange(t, device=q.device)[None, :] >= lens[:, None])[:, :, None] & (
-        keys == 0
-    )  # padding rows
-    out = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask[:, None], enable_gqa=True).transpose(1, 2)
+    if ctx.extend_mask is None:  # the same for every layer of this forward
+        starts = torch.tensor(ctx.context_starts, device=q.device)
+        lens = torch.tensor(ctx.seq_lens, device=q.device)
+        rows = torch.arange(t, device=q.device)
+        keys = torch.arange(width, device=q.device)
+        mask = (
+            keys[None, None, :] <= (starts[:, None] + rows[None, :])[:, :, None]
+        )  # causal, after each prefix
+        mask |= (rows[None, :] >= lens[:, None])[:, :, None] & (keys == 0)  # padding rows see one key
+        ctx.extend_mask = mask[:, None]
+    out = F.scaled_dot_product_attention(qb, k, v, attn_mask=ctx.extend_mask, enable_gqa=True).transpose(1, 2)
     if ctx.unpad_index is None:
         return out.reshape(-1, heads, dim)
     return out.reshape(b * t, heads, dim)[ctx.unpad_index]

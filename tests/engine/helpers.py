@@ -53,3 +53,12 @@ def hf_model(family: str, tied: bool = True, seed: int = 0):
 def engine_for(model, **kw) -> Engine:
     kw.setdefault("max_model_len", 256)
     return Engine(ModelConfig.from_hf(model.config), weights=model.state_dict(), **kw)
+
+
+def drain(engine) -> dict:
+    """Step until every request has finished; the finished requests by id."""
+    done = {}
+    while engine.has_unfinished():
+        for f in engine.step().finished:
+            done[f.request_id] = f
+    return done

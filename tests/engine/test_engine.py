@@ -7,17 +7,9 @@ import torch
 
 from laminar.engine import Engine, ModelConfig, SamplingParams, flatten_state_dict
 
-from .helpers import engine_for, hf_config, hf_model
+from .helpers import drain, engine_for, hf_config, hf_model
 
 PARAMS = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=30, ignore_eos=True, seed=7)
-
-
-def drain(engine) -> dict:
-    done = {}
-    while engine.has_unfinished():
-        for f in engine.step().finished:
-            done[f.request_id] = f
-    return done
 
 
 @pytest.fixture(scope="module")

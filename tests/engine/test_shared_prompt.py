@@ -7,7 +7,7 @@ import pytest
 
 from laminar.engine import SamplingParams
 
-from .helpers import engine_for, hf_model
+from .helpers import drain, engine_for, hf_model
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=20, ignore_eos=True, seed=3)
 PROMPT = [(7 * i) % 200 + 20 for i in range(40)]  # 40 tokens: two full blocks of 16 and a partial one
@@ -17,14 +17,6 @@ G = 4
 @pytest.fixture(scope="module")
 def model():
     return hf_model("qwen2")
-
-
-def drain(engine) -> dict:
-    done = {}
-    while engine.has_unfinished():
-        for f in engine.step().finished:
-            done[f.request_id] = f
-    return done
 
 
 @pytest.fixture(scope="module")

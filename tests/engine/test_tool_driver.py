@@ -10,8 +10,8 @@ from laminar.tools.registry import ToolCall
 from laminar.tools.sandbox import ToolResult
 from laminar.tools.turns import ToolTurns
 
-from .helpers import engine_for, hf_model
-from .test_tool_turns import PARAMS, PROMPT, TOOL, drain, uninterrupted
+from .helpers import drain, engine_for, hf_model
+from .test_tool_turns import PARAMS, PROMPT, TOOL, uninterrupted
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +22,20 @@ def model():
 def slow_tool(arguments: str, limits) -> ToolResult:  # noqa: ANN001 - SandboxLimits
     time.sleep(0.2)  # the other request keeps decoding meanwhile
     return ToolResult(text=f"ran {arguments}", ok=True, reason="ok", seconds=0.2, truncated=False)
+
+
+def play(engine, turns, on_step=lambda out: None) -> dict:
+    """The replica's loop: step, park turns that end in a call, resume those whose call came back (waiting a
+    little only when nothing decoded); the finished requests by id."""
+    done = {}
+    while engine.has_unfinished():
+        out = engine.step()
+        done.update({f.request_id: f for f in out.finished})
+        on_step(out)
+        turns.after_step(engine, out)
+        done.update({f.request_id: f for f in turns.poll(engine, wait_s=0.0 if out.new_tokens else 0.05)})
+    turns.shutdown()
+    return done
 
 
 def test_a_call_parks_runs_off_the_loop_and_resumes_exactly(model):
@@ -43,18 +57,15 @@ def test_a_call_parks_runs_off_the_loop_and_resumes_exactly(model):
     engine = engine_for(model)
     engine.add_request("r", PROMPT, PARAMS)
     engine.add_request("other", [7, 8, 9], PARAMS)
-    done, decoded_while_parked = {}, 0
-    while engine.has_unfinished():
-        out = engine.step()
-        done.update({f.request_id: f for f in out.finished})
-        decoded_while_parked += bool(turns.has_pending() and "other" in out.new_tokens)
-        turns.after_step(engine, out)
-        idle = not out.new_tokens
-        done.update({f.request_id: f for f in turns.poll(engine, wait_s=0.05 if idle else 0.0)})
-    turns.shutdown()
+    decoded_while_parked = []
+    done = play(
+        engine,
+        turns,
+        lambda out: decoded_while_parked.append(turns.has_pending() and "other" in out.new_tokens),
+    )
 
     assert rendered == [f"ran {stop}"] and turns.calls == 1 and turns.errors == 0
-    assert decoded_while_parked > 0  # the loop never waited for the tool while there was work
+    assert any(decoded_while_parked)  # the loop never waited for the tool while there was work
     assert done["other"].output_token_ids == alone["other"].output_token_ids
     turn1 = alone["r"].output_token_ids[:stop]
     want = uninterrupted(model, turn1)
@@ -74,13 +85,7 @@ def test_max_turns_bounds_the_calls(model):
     )
     engine = engine_for(model)
     engine.add_request("r", PROMPT, replace(PARAMS, max_new_tokens=12))
-    done = {}
-    while engine.has_unfinished():
-        out = engine.step()
-        done.update({f.request_id: f for f in out.finished})
-        turns.after_step(engine, out)
-        done.update({f.request_id: f for f in turns.poll(engine, wait_s=0.5)})
-    turns.shutdown()
+    done = play(engine, turns)
     assert turns.calls == 2
     assert done["r"].output_mask.count(0) == 2
 
@@ -95,14 +100,7 @@ def test_a_scripted_call_workload_parks_where_the_script_says(model):
     engine = engine_for(model)
     n = 12
     engine.add_request("r", PROMPT, replace(PARAMS, max_new_tokens=n + 2 * 4))
-    done = {}
-    while engine.has_unfinished():
-        out = engine.step()
-        done.update({f.request_id: f for f in out.finished})
-        turns.after_step(engine, out)
-        done.update({f.request_id: f for f in turns.poll(engine, wait_s=0.2)})
-    turns.shutdown()
-    got = done["r"]
+    got = play(engine, turns)["r"]
     assert got.output_mask == [1] * 3 + [0] * 4 + [1] * 4 + [0] * 4 + [1] * 5
     assert [t for t, m in zip(got.output_token_ids, got.output_mask) if not m] == [9] * 8
     assert turns.calls == 2 and turns.waited_s() >= 0.06

@@ -8,7 +8,7 @@ import pytest
 
 from laminar.engine import SamplingParams
 
-from .helpers import engine_for, hf_model
+from .helpers import drain, engine_for, hf_model
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=30, ignore_eos=True, seed=7)
 PROMPT = list(range(30, 50))
@@ -18,14 +18,6 @@ TOOL = [40, 41, 42, 43, 44]  # a tool's output, as the chat template would rende
 @pytest.fixture(scope="module")
 def model():
     return hf_model("qwen2")
-
-
-def drain(engine) -> dict:
-    done = {}
-    while engine.has_unfinished():
-        for f in engine.step().finished:
-            done[f.request_id] = f
-    return done
 
 
 def first_turn(engine, steps: int = 8) -> list[int]:
