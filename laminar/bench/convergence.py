@@ -66,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     targets = [float(x) for x in args.targets.split(",")]
-    results = {}
+    results: dict[str, Any] = {}
+    meta = {
+        "machine": card(),
+        "command": "laminar bench convergence " + " ".join(argv or []),
+        "targets": targets,
+    }
     for name in args.schedules.split(","):
         run_dir = out / "runs" / name
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -79,12 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             "summary": {k: summary.get(k) for k in ("wall_s", "trainer_steps", "staleness", "eval")},
         }
         results[name]["time_to_target_s"] = {str(x): time_to(results[name]["evals"], x) for x in targets}
-    meta = {
-        "machine": card(),
-        "command": "laminar bench convergence " + " ".join(argv or []),
-        "targets": targets,
-    }
-    write_json(out / "convergence.json", {"meta": meta, "results": results})
+        write_json(
+            out / "convergence.json", {"meta": meta, "results": results}
+        )  # after each: a cut run keeps it
     (out / "convergence.md").write_text(table(results, targets, meta))
     plot(results, targets, out / "convergence.png", meta)
     print(table(results, targets, meta))

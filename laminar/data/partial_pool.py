@@ -88,6 +88,10 @@ class PartialPool:
             self.finished += 1
         return e
 
+    def finish_many(self, traj_ids: list[str]) -> None:
+        for tid in traj_ids:
+            self.finish(tid)
+
     def move(self, traj_ids: list[str], replica: int) -> None:
         """Repack or recovery placed them on another replica (of the same version), their tokens kept. Ids
         that finished meanwhile are skipped."""

@@ -23,7 +23,8 @@ class Dispatcher:
         self.consumed_groups = 0
         self.timeline: list[dict[str, Any]] = []
         self.stopped = False
-        self.evals: list[tuple[int, list[PromptGroup]]] = []  # (at least this version, groups) in order
+        # (at least this version, groups left, a replica's share) in order
+        self.evals: list[tuple[int, list[PromptGroup], int]] = []
         self.replicas = 1  # how many replicas share an evaluation (set at start)
         self.changed = asyncio.Event()  # wakes replicas waiting for work
         self.updated = asyncio.Event()  # a trainer update: a moment to repack (design section 5)
@@ -63,15 +64,15 @@ class Dispatcher:
     def submit_eval(self, groups: list[PromptGroup], min_version: int) -> None:
         """An evaluation of the weights at `min_version` or newer: handed out before training work, spread over
         the replicas, outside the dispatch rule (it is not training work; the rollouts never stop for it)."""
-        self.evals.append((min_version, list(groups)))
+        share = -(-len(groups) // max(self.replicas, 1))  # of the whole evaluation, so it takes R requests
+        self.evals.append((min_version, list(groups), share))
         self.changed.set()
 
     def _eval_work(self, replica: int, version: int) -> list[PromptGroup]:
-        for i, (min_version, groups) in enumerate(self.evals):
+        for i, (min_version, groups, share) in enumerate(self.evals):
             if version < min_version:
                 continue
-            share = -(-len(groups) // max(self.replicas, 1))
-            out, self.evals[i] = groups[:share], (min_version, groups[share:])
+            out, self.evals[i] = groups[:share], (min_version, groups[share:], share)
             if not self.evals[i][1]:
                 del self.evals[i]
             self.fleet.event("dispatch_eval", replica=replica, version=version, groups=len(out))

@@ -112,6 +112,9 @@ class RolloutReplica:
         self._reader: Any = None  # SlotReader when the engine is on CUDA
         self._newest_ref: Any = None  # partial rollout: the relay's answer to "newest version?", in flight
         self._thread = threading.Thread(target=self._main, name=f"replica-{replica_id}", daemon=True)
+        # scored trajectories wait here for the storer, which sends all that wait in one call to the buffer
+        self._scored: queue.Queue[Trajectory | None] = queue.Queue()
+        self._storer = threading.Thread(target=self._store_loop, name=f"store-{replica_id}", daemon=True)
 
     def _tool_script(self, rid: str) -> dict[str, Any] | None:
         """The benchmark workload's scripted calls of a request (`laminar.data.lengths`), or None."""
@@ -120,12 +123,15 @@ class RolloutReplica:
 
     # ---- called by the actor's other threads -------------------------------------------------------------
     def start(self) -> None:
+        self._storer.start()
         self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         self.stop_event.set()
         self._thread.join(timeout_s)
         self.scoring.shutdown(wait=True)
+        self._scored.put(None)  # after everything scored: the storer sends it, then ends
+        self._storer.join(timeout_s)
         if self.tools is not None:
             self.tools.shutdown()
         try:  # a last report, waited for, so reward errors scored since the last heartbeat are counted
@@ -376,11 +382,37 @@ class RolloutReplica:
             self.error = "".join(traceback.format_exception(exc))
 
     def _store(self, traj: Trajectory) -> None:
-        if is_eval(traj.group_id):  # an evaluation sample: kept aside for the evaluator, never trained on
-            ray.get(self.buffer.add_eval.remote(traj), timeout=self.timeout_s)
-            return
-        ray.get(self.buffer.add.remote(traj), timeout=self.timeout_s)
-        self.partial_pool.finish.remote(traj.traj_id)
+        self._scored.put(traj)
+
+    def _store_loop(self) -> None:
+        """Scored trajectories to the experience buffer: everything waiting goes in one call, so a batch whose
+        samples finish together costs a few round trips, not one a sample. A store that fails declares the
+        replica dead (its trajectories would be lost silently otherwise): the manager recovers what it owes."""
+        done = False
+        while not done:
+            batch = [self._scored.get()]
+            while True:
+                try:
+                    batch.append(self._scored.get_nowait())
+                except queue.Empty:
+                    break
+            done = None in batch
+            trajs = [t for t in batch if t is not None]
+            try:
+                self._send(trajs)
+            except Exception as exc:  # noqa: BLE001 - recorded as the replica's error, which the manager acts on
+                if self.error is None:
+                    self.error_line, self.error_kind = describe_error(exc)
+                    self.error = "".join(traceback.format_exception(exc))
+
+    def _send(self, trajs: list[Trajectory]) -> None:
+        evals = [t for t in trajs if is_eval(t.group_id)]  # kept aside for the evaluator, never trained on
+        train = [t for t in trajs if not is_eval(t.group_id)]
+        if evals:
+            ray.get(self.buffer.add_eval_many.remote(evals), timeout=self.timeout_s)
+        if train:
+            ray.get(self.buffer.add_many.remote(train), timeout=self.timeout_s)
+            self.partial_pool.finish_many.remote([t.traj_id for t in train])
 
     def _beat(self, force: bool = False) -> Any:
         now = time.time()

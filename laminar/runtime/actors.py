@@ -58,14 +58,26 @@ class BufferActor:
         return {g: self.evaluated.pop(g) for g in group_ids if g in self.evaluated}
 
     def add(self, traj: Trajectory) -> bool:
+        return self.add_many([traj])[0]
+
+    def add_many(self, trajs: list[Trajectory]) -> list[bool]:
+        """Several trajectories in one call (a replica sends all it has scored at once); per trajectory, False
+        if it was ignored (`ExperienceBuffer.add`)."""
+        added, complete = [], []
         with self.cond:
-            added = self.buffer.add(traj)
-            complete = added and traj.group_id not in self.buffer.pending
+            for traj in trajs:
+                added.append(self.buffer.add(traj))
+                if added[-1] and traj.group_id not in self.buffer.pending:
+                    complete.append(traj)
             self.cond.notify_all()
-        if complete:  # the group is whole: nobody needs to re-issue it any more
+        for traj in complete:  # the group is whole: nobody needs to re-issue it any more
             self.prompt_pool.done.remote(traj.group_id)
             self.manager.group_done.remote(traj.replica, traj.group_id)
         return added
+
+    def add_eval_many(self, trajs: list[Trajectory]) -> None:
+        for traj in trajs:
+            self.add_eval(traj)
 
     def take(
         self,

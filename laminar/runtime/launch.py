@@ -94,6 +94,7 @@ class Runtime:
     trainer_restarts: int = 0
     filtered: list[list[Trajectory]] = field(default_factory=list)  # set aside by `take`, recorded by `train`
     consumed_early: int = 0  # groups of the coming step already counted as consumed by the manager
+    t_taken: float = 0.0  # when the last batch came from the buffer
     evaluator: Evaluator | None = None
     end_ids: tuple[int, ...] = ()  # every token that ends a response: the model's, the tokenizer's, the run's
 
@@ -278,7 +279,9 @@ class Runtime:
             self.check_rollouts()
             if self.evaluator is not None:
                 self.evaluator.poll()
-        return ray.get(ref)
+        groups = ray.get(ref)
+        self.t_taken = time.time()
+        return groups
 
     def check_rollouts(self) -> None:
         """Bring the manager's records into the run log (the console shows errors as they come) and raise
@@ -338,6 +341,10 @@ class Runtime:
         if self.cfg.trainer.filter_groups:  # consumed without training: the audit counts them apart
             m["filtered_groups"] = len(filtered)
             m["filtered_ids"] = [t.traj_id for g in filtered for t in g]
+        # where a step's time goes between its last sample and its update
+        t_gen_end = max((t.t_end for g in groups for t in g), default=m["t_start"])
+        m["scored_to_taken_s"] = round(self.t_taken - t_gen_end, 4)  # scoring, buffer, transfer to the driver
+        m["taken_to_trainer_s"] = round(m["t_start"] - self.t_taken, 4)  # the batch's way to the trainer
         rec.log("step", step=v, **{k: x for k, x in m.items() if k not in ("t_start", "t_publish")})
         self.trained_ids.update(traj_ids)
         self.filtered, self.consumed_early = [], 0

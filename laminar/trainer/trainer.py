@@ -156,6 +156,8 @@ class Trainer:
         self.version = 0
         self.nonfinite_steps = 0  # skipped steps, all told
         self.nonfinite_in_a_row = 0
+        if self.device.type == "cuda":
+            self.warm_up()
 
     def _load_reference(self, model: PreTrainedModel) -> PreTrainedModel:
         """A frozen copy of the starting weights, in eval mode; bf16 on CUDA (it only ever runs under bf16
@@ -297,6 +299,32 @@ class Trainer:
         shortest = min(trajs, key=lambda t: t.num_tokens)
         batch = self._collate([shortest], [0.0])
         (self._forward_logprobs(self.policy, batch).sum() * 0.0).backward()
+
+    def warm_up(self, tokens: int = 4096) -> None:
+        """One zero-loss forward and backward over about `tokens` synthetic tokens, so the CUDA context, the
+        kernels' autotuning and the caching allocator are ready before the first real step: that cost belongs
+        to start-up, not to the first step's wall time. No gradient survives it and the optimizer does not
+        step, so the weights and the optimizer state are untouched. Every rank runs it (its collectives stay
+        in step)."""
+        vocab = int(self.model.config.vocab_size)
+        half = min(512, int(getattr(self.model.config, "max_position_embeddings", 512) or 512)) // 2
+        seqs = [
+            Trajectory(
+                f"warm-up:{i}",
+                -1,
+                i,
+                [(7 * i + j) % vocab for j in range(half)],
+                [(11 * i + j) % vocab for j in range(half)],
+                [0.0] * half,
+                self.version,
+            )
+            for i in range(max(1, tokens // (2 * half)))
+        ]
+        batch = self._collate(seqs, [0.0] * len(seqs))
+        (self._forward_logprobs(self.policy, batch).sum() * 0.0).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _count_nonfinite(self, nonfinite: bool, losses: list[float], grad_norms: list[float]) -> None:
         if not nonfinite:

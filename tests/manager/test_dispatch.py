@@ -33,3 +33,20 @@ def test_stream_bound_keeps_every_group_within_k_versions():
     assert rule.quota(0, 0, dispatched=20, consumed=0) == 4
     assert rule.quota(0, 0, dispatched=24, consumed=0) == 0  # group 24 would train at step 4 > 0 + 2 + 1
     assert rule.quota(0, 1, dispatched=0, consumed=0) == 0  # old version: no new work
+
+
+def test_an_evaluation_is_split_into_one_share_per_replica_however_the_replicas_ask():
+    """One replica asking again and again takes a whole share each time (not half of what is left), so an
+    evaluation costs each replica about one request."""
+    import asyncio
+
+    from laminar.data.records import PromptGroup
+    from laminar.manager.dispatcher import Dispatcher
+    from laminar.manager.fleet import Fleet
+
+    d = Dispatcher(Fleet(t0=0.0), prompt_pool=None, dispatch=Dispatch(4, 24))
+    d.replicas = 2
+    d.submit_eval([PromptGroup(-1 - i, [1, 2], 1) for i in range(9)], min_version=3)
+    assert d._eval_work(0, version=2) == []  # too old for it
+    sizes = [len(asyncio.run(d.next_work(1, version=3))) for _ in range(2)]
+    assert sizes == [5, 4] and d.evals == []

@@ -170,3 +170,12 @@ def test_kl_penalty_keeps_a_frozen_reference():
     tr.train_step(make_groups(tr, seed=1))
     assert all(torch.equal(ref_before[k], v) for k, v in tr.ref_model.state_dict().items())
     assert make_trainer().ref_model is None  # KL-free by default: no reference model held
+
+
+def test_warm_up_changes_no_weight_no_gradient_and_no_optimizer_state():
+    tr = make_trainer()
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    tr.warm_up(tokens=256)
+    assert all(torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
+    assert all(p.grad is None for p in tr.model.parameters())
+    assert not tr.optimizer.state and tr.version == 0
