@@ -98,6 +98,29 @@ def same_value(answer: str, truth: str) -> bool:
     return bool(gold and pred and verify(gold, pred, timeout_seconds=None))
 
 
+# What may surround a number without making it an expression: units, currency, percent, LaTeX spacing.
+DECORATION = re.compile(r"\\text\{[^{}]*\}|\\mathrm\{[^{}]*\}|\\[$%,!;]|\\?\$|%|\\left|\\right")
+LITERAL = re.compile(r"[+-]?(?:\d+(?:,\d{3})*(?:\.\d+)?|\.\d+)")
+FRACTION = re.compile(r"[+-]?(?:\d+/\d+|\\[dt]?frac\{\d+\}\{\d+\}|\\[dt]?frac\d\d)")
+NAMED = re.compile(r"^[A-Za-z]\w*\s*=\s*")  # "x = 18"
+
+
+def is_number(text: str) -> bool:
+    """A plain number: an integer or decimal (thousands commas allowed), or a fraction of two integers, with
+    at most a unit, a currency or percent sign, and a `name =` before it. `47 + 38` is not one."""
+    s = DECORATION.sub("", str(text)).strip().rstrip(".").strip()
+    s = NAMED.sub("", s).replace(" ", "")
+    return bool(LITERAL.fullmatch(s) or FRACTION.fullmatch(s))
+
+
+def answers(answer: str, truth: str) -> bool:
+    """`answer` is right for `truth`. A numeric truth takes a number, never an expression that evaluates to
+    it: math-verify would score `\\boxed{47 + 38}` right for 85, and a policy learns to restate the question."""
+    if is_number(truth) and not is_number(answer):
+        return False
+    return same_value(answer, truth)
+
+
 def ground_truths(row: dict[str, Any]) -> list[str]:
     """The accepted answers of a row: `ground_truth`, else `answer`, else verl's `reward_model.ground_truth`;
     one value or a list. A full GSM8K solution counts by its `#### N`, a MATH solution by its last box."""
@@ -123,7 +146,7 @@ def score_with(response: str, row: dict[str, Any], extractors: Sequence[Extracto
     answer = extract_answer(response if isinstance(response, str) else "", extractors)
     if answer is None:
         return 0.0
-    return 1.0 if any(same_value(answer, t) for t in truths) else 0.0
+    return 1.0 if any(answers(answer, t) for t in truths) else 0.0
 
 
 def math_reward(response: str, row: dict[str, Any]) -> float:

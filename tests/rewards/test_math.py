@@ -104,3 +104,22 @@ def test_it_works_off_the_main_thread():
     worker.start()
     worker.join(60)
     assert results == [1.0]
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "\\boxed{47 + 38}",  # what a policy learned on `arith` once math-verify evaluated it
+        "\\boxed{47+38}<|im_end|>",
+        "The answer is \\boxed{170 / 2 + 0}",
+        "\\boxed{\\frac{47+38}{1}}",
+        "#### 47 + 38",
+    ],
+)
+def test_an_expression_is_not_the_answer_to_a_numeric_question(response):
+    assert math_reward(response, {"ground_truth": "85"}) == 0.0
+
+
+def test_a_symbolic_truth_still_takes_an_equivalent_expression():
+    assert math_reward("\\boxed{1 + x^2}", {"ground_truth": "x^2+1"}) == 1.0
+    assert math_reward("\\boxed{\\frac{\\pi}{2}}", {"ground_truth": "\\pi/2"}) == 1.0
