@@ -116,6 +116,7 @@ class RuntimeLoop(Base):
         self.relay_version = [0] * cluster.machines
         self.manager_version = 0  # what the manager knows: updated when `rt.train` returns
         self.asking: dict[int, Replica] = {}  # replicas drained and refused work, by id
+        self.orphans: dict[int, list[Traj]] = {}  # samples of dead replicas while none is alive, by group
         cost, spec, cfg = cluster.cost, cluster.spec, cluster.cfg
         typical = cfg.lengths.prompt_median + cfg.lengths.median
         self.batch_limit = cfg.repack_batch_limit or cost.batch_limit(spec, typical)
@@ -284,29 +285,64 @@ class RuntimeLoop(Base):
                 homeless.setdefault(t.group.gid, []).append(t)
             r.alive = False
             c.at(c.now + c.cost.replica_restart_s, self._revive, r)
-        # Where each group goes is the runtime's own decision (`choose_target`): its version's least loaded
-        # replica, else a whole restart on the least loaded one.
+        self._place(homeless)
+
+    def _place(self, homeless: dict[int, list[Traj]]) -> None:
+        """Where each group goes is the runtime's own decision (`choose_target`): its version's least loaded
+        replica, else a whole restart on the least loaded one; with no replica alive, it waits for one (as the
+        runtime's supervisor keeps the work it cannot place)."""
+        c = self.c
         for gid in sorted(homeless):
             trajs = homeless[gid]
             live = {x.rid: x.version for x in c.live()}
             load = {x.rid: len(x.running) + len(x.waiting) for x in c.live()}
             chosen = choose_target({t.version for t in trajs}, live, load)
             if chosen is None:
+                self.orphans.setdefault(gid, []).extend(trajs)
                 continue
-            target, _, restart = chosen
-            for t in trajs:
-                if restart:
-                    c.record.restarted += 1
-                    t.generated = 0.0
-                else:
-                    c.record.recovered += 1
+            target, version, restart = chosen
+            if restart:
+                trajs = self._restart_group(trajs[0].group, trajs, version)
+            else:
+                c.record.recovered += len(trajs)
             c.replicas[target].add(trajs, c.now)
+
+    def _restart_group(self, group: Group, homeless: list[Traj], version: int) -> list[Traj]:
+        """The whole group from its prompt at `version`, as the runtime restarts it: its samples still running
+        on live replicas (moved there by a repack) stop, and the buffer forgets those that had finished."""
+        c = self.c
+        again = list(homeless)
+        for x in c.live():
+            running = [t for t in x.running if t.group is group]
+            waiting = [t for t in x.waiting if t.group is group]
+            if not running and not waiting:
+                continue
+            x.advance(c.now)
+            again += [x.take(t) for t in running]
+            for t in waiting:
+                x.waiting.remove(t)
+            again += waiting
+            x.reschedule(c.now)
+        finished = [t for t in group.trajs if all(t is not a for a in again)]
+        group.pending += len(finished)
+        for t in finished if c.audit else ():
+            c.finish_count[t.tid] -= 1
+            if not c.finish_count[t.tid]:
+                del c.finish_count[t.tid]
+        for t in again + finished:
+            t.generated, t.version, t.versions = 0.0, version, 1
+        group.version = version
+        c.record.restarted += len(again) + len(finished)
+        return again + finished
 
     def _revive(self, r: Replica, now: float) -> None:
         r.alive = True
         r.t_last = max(r.t_last, now)
         r.version = -1  # a fresh process: pulls whatever its relay holds
         self.ask(r)
+        if self.orphans:
+            orphans, self.orphans = self.orphans, {}
+            self._place(orphans)
 
 
 def loop_for(cluster: Cluster) -> Base:

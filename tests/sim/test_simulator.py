@@ -199,3 +199,19 @@ def test_oldest_version_first_sampler_lowers_the_staleness_tail() -> None:
     assert oldest["staleness"]["max"] < fifo["staleness"]["max"]
     with pytest.raises(ValueError, match="sampler='lifo'"):
         small_gpu_config(sampler="lifo")
+
+
+@pytest.mark.parametrize(("gpus", "at_s"), [(8, 30.0), (16, 50.0)])
+def test_laminar_restarts_whole_groups_and_keeps_work_no_replica_can_take_yet(gpus, at_s) -> None:
+    """As the runtime does: a group without a live replica of its version restarts whole (its finished samples
+    are forgotten, its moved ones stopped), and with no replica alive at all its samples wait for the first
+    replacement instead of vanishing (8 GPUs: the failure takes every replica)."""
+    cfg = SMALL.with_(
+        schedule="laminar", gpus=gpus, trainer_frac=0.25, failures=(Failure(time_s=at_s, machine=0),)
+    )
+    summary, cluster = simulate(cfg, audit=True)
+    restarted = summary["failures"]["restarted_trajectories"]
+    assert restarted > 0 and restarted % SMALL.group_size == 0
+    assert all(n == 1 for n in cluster.finish_count.values()), "a trajectory kept twice"
+    assert all(n == 1 for n in cluster.consume_count.values())
+    assert len(cluster.consume_count) == SMALL.steps * SMALL.groups_per_step * SMALL.group_size
