@@ -1,20 +1,31 @@
-"""The rollout engine: continuous batching over a paged KV cache, with requests that can move between engines."""
+"""The rollout engine: continuous batching over a paged KV cache, with requests that can move between engines.
 
-from laminar.engine.config import ModelConfig, SamplingParams
-from laminar.engine.engine import Engine
-from laminar.engine.sequence import EngineStats, ExportedRequest, FinishedRequest, StepOutput
-from laminar.engine.weights import WeightLayout, flatten_into, flatten_state_dict, unflatten
+The names below load on first use: the control plane reads `laminar.engine.config` (end tokens, sampling
+settings) without importing torch, which only the replicas and the trainer need."""
 
-__all__ = [
-    "Engine",
-    "EngineStats",
-    "ExportedRequest",
-    "FinishedRequest",
-    "ModelConfig",
-    "SamplingParams",
-    "StepOutput",
-    "WeightLayout",
-    "flatten_into",
-    "flatten_state_dict",
-    "unflatten",
-]
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_HOME = {
+    "Engine": "engine",
+    "EngineStats": "sequence",
+    "ExportedRequest": "sequence",
+    "FinishedRequest": "sequence",
+    "ModelConfig": "config",
+    "SamplingParams": "config",
+    "StepOutput": "sequence",
+    "WeightLayout": "weights",
+    "flatten_into": "weights",
+    "flatten_state_dict": "weights",
+    "unflatten": "weights",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'laminar.engine' has no attribute {name!r}")
+    return getattr(import_module(f"laminar.engine.{_HOME[name]}"), name)

@@ -18,7 +18,7 @@ from laminar.data.partial_pool import PartialTrajectory
 from laminar.data.records import PromptGroup
 from laminar.manager.fleet import Fleet
 from laminar.manager.repack import ReplicaLoad, plan_repack
-from laminar.rollout.replica import InFlight
+from laminar.rollout.inflight import InFlight
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ def engine_items(p: Placement, sampling: dict[str, Any], run_seed: int, now: flo
     """A placement as the engine imports it: each sample with its own sampling stream (seeded by its id, so it
     continues exactly), its tokens so far, and the replica-side record of it."""
     from laminar.engine import ExportedRequest, SamplingParams
-    from laminar.rollout.replica import InFlight, sample_seed
+    from laminar.rollout.inflight import InFlight, sample_seed
 
     g, v, items = p.group, p.version, []
     for idx, tokens, logprobs in p.samples:

@@ -9,7 +9,6 @@ by the loop thread between two engine steps, so the engine is only ever touched 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import queue
 import threading
 import time
@@ -23,14 +22,9 @@ import torch
 
 from laminar.data.records import PromptGroup, Trajectory, is_eval
 from laminar.rewards.loader import ScoringPool
+from laminar.rollout.inflight import InFlight, sample_seed
 
 SCORE_WORKERS = 4  # threads a replica scores finished trajectories on
-
-
-def sample_seed(run_seed: int, traj_id: str) -> int:
-    """A trajectory's sampling stream depends on the run and its id only, wherever it is decoded."""
-    digest = hashlib.blake2b(f"{run_seed}/{traj_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
 def describe_error(exc: BaseException) -> tuple[str, str]:
@@ -40,17 +34,6 @@ def describe_error(exc: BaseException) -> tuple[str, str]:
     where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
     line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
     return line, f"{type(exc).__name__} at {where}"
-
-
-@dataclass
-class InFlight:
-    group: PromptGroup
-    sample_idx: int
-    version: int
-    t_start: float
-    response_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    reported: int = 0  # tokens already sent to the partial response pool
 
 
 @dataclass

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from laminar.config import Config
 from laminar.manager.manager import sampling_of
 from laminar.relay.chain import relay_on_node
@@ -16,7 +14,12 @@ from laminar.runtime.actors import ReplicaActor
 
 
 def use_cuda(cfg: Config) -> bool:
-    return cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
+    """Asked on the driver (the manager, which places replicas, never imports torch)."""
+    if cfg.model.device != "auto":
+        return cfg.model.device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def import_engine(_actor: Any) -> None:
@@ -26,13 +29,23 @@ def import_engine(_actor: Any) -> None:
 class EngineRecipe:
     """Picklable recipe for a replica's engine, built inside the replica's process."""
 
-    def __init__(self, model_path: str, cfg: Config, version: int = 0, end_ids: tuple[int, ...] = ()) -> None:
-        self.model_path, self.cfg, self.version, self.end_ids = model_path, cfg, version, end_ids
+    def __init__(
+        self, model_path: str, cfg: Config, cuda: bool, version: int = 0, end_ids: tuple[int, ...] = ()
+    ) -> None:
+        self.model_path, self.cfg, self.cuda, self.version, self.end_ids = (
+            model_path,
+            cfg,
+            cuda,
+            version,
+            end_ids,
+        )
 
     def __call__(self) -> Any:
+        import torch
+
         from laminar.engine import Engine
 
-        r, cuda = self.cfg.rollout, use_cuda(self.cfg)
+        r, cuda = self.cfg.rollout, self.cuda
         dtype = torch.bfloat16 if cuda or self.cfg.model.dtype == "bfloat16" else torch.float32
         return Engine.from_pretrained(
             self.model_path,
@@ -122,18 +135,19 @@ class Factory:
         self.interrupt_on_update = interrupt_on_update
         self.engine_path, self.version = engine_path or model_path, version
         self.end_ids = end_ids  # every token that ends a response: the model's, the tokenizer's, the run's
+        self.cuda = use_cuda(cfg)  # decided here, on the driver
 
     def replica(self, rid: int) -> Any:
         cfg, r = self.cfg, self.cfg.rollout
         options = {
             "num_cpus": r.num_cpus,
-            "num_gpus": r.num_gpus if use_cuda(cfg) else 0,
+            "num_gpus": r.num_gpus if self.cuda else 0,
             **({"scheduling_strategy": "SPREAD"} if r.placement == "spread" else {}),
         }
         t = cfg.task
         return ReplicaActor.options(**options).remote(
             rid,
-            EngineRecipe(self.engine_path, cfg, self.version, self.end_ids),
+            EngineRecipe(self.engine_path, cfg, self.cuda, self.version, self.end_ids),
             ScorerRecipe(
                 self.model_path, t.reward, t.name, t.reward_timeout_s, tuple(cfg.rollout.stop_token_ids)
             ),

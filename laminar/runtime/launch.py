@@ -6,7 +6,6 @@ relay on every node that hosts rollouts, chained master first; each replica pull
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,18 +16,16 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from laminar.config import Config
 from laminar.data.records import Trajectory
-from laminar.jsonio import write_json
 from laminar.manager.manager import RolloutFailure, RolloutManager
 from laminar.relay.relay import RelaySettings
 from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor
-from laminar.runtime.checkpoint import RUNTIME_STATE, log_sizes
+from laminar.runtime.checkpoint import restore_checkpoint, write_checkpoint
 from laminar.runtime.evaluation import Evaluator
 from laminar.runtime.factory import Factory, use_cuda
-from laminar.runtime.trainer_group import TrainerGroup
+from laminar.runtime.trainer_group import TrainerGroup, trainer_config
 from laminar.schedules.schedule import Schedule
-from laminar.telemetry.recorder import Recorder, dumps
+from laminar.telemetry.recorder import Recorder, write_trajectories
 from laminar.trainer.grpo import informative
-from laminar.trainer.state_files import read_json
 
 
 def on_driver_node(soft: bool = False) -> dict[str, Any]:
@@ -114,8 +111,6 @@ class Runtime:
 
     def _start(self, schedule: Schedule, resume: Path | None) -> Runtime:
         from laminar.data.codec import TaskCodec
-        from laminar.trainer.grpo import GRPOConfig
-        from laminar.trainer.trainer import TrainerConfig as PlainTrainerConfig
 
         rt, cfg, model_path, recorder = self, self.cfg, self.model_path, self.recorder
         t, r, cuda = cfg.trainer, cfg.rollout, use_cuda(cfg)
@@ -141,33 +136,7 @@ class Runtime:
             rt.manager,
             cfg.buffer.sampler,
         )
-        grpo = GRPOConfig(
-            clip_low=t.clip_low,
-            clip_high=t.clip_high,
-            temperature=r.temperature if r.temperature > 0 else 1.0,
-            proximal="behaviour" if t.correction == "none" else "trainer",
-            is_correction=t.correction,
-            is_cap=t.is_cap,
-            kl_coef=t.kl_coef,
-        )
-        plain = PlainTrainerConfig(
-            model_path=model_path,
-            lr=t.lr,
-            weight_decay=t.weight_decay,
-            grad_clip=t.max_grad_norm,
-            micro_batch_size=t.micro_batch,
-            micro_batch_tokens=t.micro_batch_tokens,
-            mini_batches=t.mini_batches,
-            seed=cfg.run.seed,
-            threads=max(1, int(t.num_cpus)),
-            grpo=grpo,
-            device="cuda" if cuda else "cpu",
-            publish_dtype="bfloat16" if cuda or cfg.model.dtype == "bfloat16" else "",
-            max_nonfinite_steps=t.max_nonfinite_steps,
-            activation_checkpointing=t.activation_checkpointing,
-            packing=t.packing,
-            cpu_offload=t.cpu_offload,
-        )
+        plain = trainer_config(cfg, model_path, cuda)
         # The trainer (and so the master relay and the checkpoint writes) prefers the driver's machine too.
         resources = {"num_cpus": t.num_cpus, "num_gpus": t.num_gpus if cuda else 0}
         rt.trainer_spec = (resources, plain)
@@ -334,7 +303,7 @@ class Runtime:
             m["stall_s"] += time.time() - t
         self.manager.trainer_update.remote(v, len(groups) + len(filtered) - self.consumed_early)
         if self.cfg.run.save_trajectories:
-            self._save_trajectories(groups, v, filtered)
+            write_trajectories(self.recorder.out_dir, groups, v, filtered)
         rec = self.recorder
         rec.log("publish", t=m["t_publish"], version=v, stall_s=m["stall_s"])
         traj_ids = m.pop("traj_ids")
@@ -355,29 +324,6 @@ class Runtime:
                 self.evaluator.submit(v)
             self.evaluator.poll()
         return m
-
-    def _save_trajectories(
-        self, groups: list[list[Trajectory]], version: int, filtered: list[list[Trajectory]] = ()
-    ) -> None:
-        """What was trained, as data: `trajectories.jsonl` in the run folder (one line per trajectory); those
-        the step set aside (`trainer.filter_groups`) follow with `filtered: true`."""
-        rows = [(t, False) for g in groups for t in g] + [(t, True) for g in filtered for t in g]
-        with open(self.recorder.out_dir / "trajectories.jsonl", "a") as f:
-            for t, dropped in rows:
-                row = {
-                    "traj_id": t.traj_id,
-                    "group_id": t.group_id,
-                    "version": t.version,
-                    "trained_at": version,
-                    "replica": t.replica,
-                    "reward": t.reward,
-                    "finish_reason": t.finish_reason,
-                    "prompt_ids": t.prompt_ids,
-                    "response_ids": t.response_ids,
-                    **({"loss_mask": t.loss_mask} if t.loss_mask else {}),  # 0: a tool's output
-                    **({"filtered": True} if dropped else {}),
-                }
-                f.write(dumps(row) + "\n")  # strict JSON, as every file of the run
 
     def collect(self) -> None:
         """Pull the manager's replica timeline and events into the run log."""
@@ -486,50 +432,11 @@ class Runtime:
             )
 
     def checkpoint(self, path: Path) -> None:
-        """Trainer state, then the prompt pool, the in-flight frontier and the buffer, in that order: a group
-        issued or a trajectory finished between two snapshots is then regenerated on resume and deduplicated
-        by the buffer, never lost. Written beside `path` and swapped in, so a crash never leaves half of one."""
-        tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
-        shutil.rmtree(tmp, ignore_errors=True)
-        t = self.cfg.run.timeout_s
-        self.trainer.call("check_finite", timeout=t)  # never save NaN weights
-        self.trainer.call("save_checkpoint", str(tmp), timeout=t * 5)
-        saved = self.trainer.call("version", timeout=t)
-        if saved != self.version:  # interrupted between the trainer's step and our record of it
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(
-                f"checkpoint skipped: the trainer is at version {saved} but the run recorded {self.version}; "
-                f"{path} keeps the last consistent checkpoint"
-            )
-        state = {
-            "version": self.version,
-            "logs": log_sizes(self.recorder.out_dir),
-            "prompt_pool": ray.get(self.prompt_pool.state_dict.remote(), timeout=t),
-            "partial_pool": ray.get(self.partial_pool.snapshot.remote(), timeout=t),
-            "buffer": ray.get(self.buffer.state_dict.remote(), timeout=t),
-            "trained_ids": sorted(self.trained_ids),
-        }
-        write_json(tmp / RUNTIME_STATE, state)
-        if path.exists():
-            shutil.rmtree(old, ignore_errors=True)  # left by a run stopped between the last two steps below
-            path.rename(old)
-        tmp.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
+        write_checkpoint(self, path)
         self.last_checkpoint, self.since_checkpoint = path, []
 
     def restore(self, path: Path) -> None:
-        t = self.cfg.run.timeout_s
-        self.version = self.trainer.call("load_checkpoint", str(path), timeout=t * 5)
-        state = read_json(path / RUNTIME_STATE, "prompt pool, buffer and in-flight frontier")
-        ray.get(self.prompt_pool.load_state_dict.remote(state["prompt_pool"]), timeout=t)
-        ray.get(self.buffer.load_state_dict.remote(state["buffer"]), timeout=t)
-        # In-flight work was generated by versions whose weights are gone: its groups are issued again; a group
-        # the buffer holds samples of keeps them only if the new ones come from the same version (a group is
-        # trained at one version, so a newer sample replaces its group's older ones).
-        self.restarted_on_resume = len(state["partial_pool"]["entries"])
-        ray.get(self.prompt_pool.reissue_outstanding.remote(), timeout=t)
-        self.trained_ids = set(state["trained_ids"])
-        ray.get(self.manager.trainer_update.remote(self.version, 0), timeout=t)
+        restore_checkpoint(self, path)
 
     def shutdown(self) -> None:
         """Free every actor and the relays' and the trainer's shared memory (a process may run several runtimes

@@ -16,6 +16,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from laminar.config import Config
 from laminar.runtime.actors import TrainerActor
 
 DIED = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
@@ -112,3 +113,38 @@ class TrainerGroup:
         if self.pg is not None:
             remove_placement_group(self.pg)
             self.pg = None
+
+
+def trainer_config(cfg: Config, model_path: str, cuda: bool) -> Any:
+    """The run's `trainer` section as the trainer's own config (`laminar.trainer.trainer.TrainerConfig`)."""
+    from laminar.trainer.grpo import GRPOConfig
+    from laminar.trainer.trainer import TrainerConfig
+
+    t, r = cfg.trainer, cfg.rollout
+    grpo = GRPOConfig(
+        clip_low=t.clip_low,
+        clip_high=t.clip_high,
+        temperature=r.temperature if r.temperature > 0 else 1.0,
+        proximal="behaviour" if t.correction == "none" else "trainer",
+        is_correction=t.correction,
+        is_cap=t.is_cap,
+        kl_coef=t.kl_coef,
+    )
+    return TrainerConfig(
+        model_path=model_path,
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        grad_clip=t.max_grad_norm,
+        micro_batch_size=t.micro_batch,
+        micro_batch_tokens=t.micro_batch_tokens,
+        mini_batches=t.mini_batches,
+        seed=cfg.run.seed,
+        threads=max(1, int(t.num_cpus)),
+        grpo=grpo,
+        device="cuda" if cuda else "cpu",
+        publish_dtype="bfloat16" if cuda or cfg.model.dtype == "bfloat16" else "",
+        max_nonfinite_steps=t.max_nonfinite_steps,
+        activation_checkpointing=t.activation_checkpointing,
+        packing=t.packing,
+        cpu_offload=t.cpu_offload,
+    )

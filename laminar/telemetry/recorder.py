@@ -6,6 +6,7 @@ so a reader in any language can parse every line."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +56,27 @@ class Recorder:
             self.trackers.close()
         if self.console is not None:
             self.console.flush()
+
+
+def write_trajectories(
+    run_dir: Path, groups: list[list[Any]], version: int, filtered: Sequence[list[Any]] = ()
+) -> None:
+    """What a step trained, as data: `trajectories.jsonl` in the run folder (one line per trajectory); those
+    the step set aside (`trainer.filter_groups`) follow with `filtered: true`."""
+    rows = [(t, False) for g in groups for t in g] + [(t, True) for g in filtered for t in g]
+    with open(Path(run_dir) / "trajectories.jsonl", "a") as f:
+        for t, dropped in rows:
+            row = {
+                "traj_id": t.traj_id,
+                "group_id": t.group_id,
+                "version": t.version,
+                "trained_at": version,
+                "replica": t.replica,
+                "reward": t.reward,
+                "finish_reason": t.finish_reason,
+                "prompt_ids": t.prompt_ids,
+                "response_ids": t.response_ids,
+                **({"loss_mask": t.loss_mask} if t.loss_mask else {}),  # 0: a tool's output
+                **({"filtered": True} if dropped else {}),
+            }
+            f.write(dumps(row) + "\n")  # strict JSON, as every file of the run

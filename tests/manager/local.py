@@ -12,7 +12,7 @@ from laminar.data.records import PromptGroup
 from laminar.engine import ExportedRequest, SamplingParams
 from laminar.manager.dispatch import Dispatch
 from laminar.manager.manager import RolloutManager
-from laminar.rollout.replica import InFlight, sample_seed
+from laminar.rollout.inflight import InFlight, sample_seed
 from laminar.schedules.schedule import Schedule
 
 

@@ -10,7 +10,7 @@ from laminar.data.partial_pool import PartialPool, PartialTrajectory
 from laminar.data.records import PromptGroup, Trajectory
 from laminar.manager.recovery import GroupWork, plan_recovery
 from laminar.manager.supervisor import engine_items
-from laminar.rollout.replica import sample_seed
+from laminar.rollout.inflight import sample_seed
 from tests.manager.local import Replica, item, manager_over
 
 ROW = {"prompt": "abc", "answer": "cba", "sampling": {"max_new_tokens": 9}}

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from laminar.config import load_config
 from laminar.engine import Engine, SamplingParams
 from laminar.models.export import main as export_main
-from laminar.rollout.replica import sample_seed
+from laminar.rollout.inflight import sample_seed
 from laminar.telemetry.audit import audit_run
 from laminar.train import train
 
