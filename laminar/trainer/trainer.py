@@ -127,8 +127,8 @@ class Trainer:
             self.device = torch.device("cuda", torch.cuda.current_device())
         model = model if model is not None else load_policy(cfg.model_path)
         # The KL reference is the starting policy, frozen; never saved: a resumed or restarted trainer loads it
-        # again from the same starting weights, so a checkpoint holds the policy alone. (Each rank holds a
-        # whole copy: it runs forward only, in bf16 on CUDA.)
+        # again from the same starting weights, so a checkpoint holds the policy alone. It runs forward only,
+        # in bf16 on CUDA; a sharded trainer shards it as it shards the policy.
         self.ref_model = self._load_reference(model) if cfg.grpo.kl_coef > 0 else None
         self.model = model.float().train()
         wanted = cfg.packing == "on" or (cfg.packing == "auto" and self.device.type == "cuda")
@@ -145,6 +145,8 @@ class Trainer:
         )
         if world > 1:
             shard_policy(self.policy, self.device, cfg.cpu_offload)
+            if self.ref_policy is not None:  # forward only: each rank keeps its rows, gathered layer by layer
+                shard_policy(self.ref_policy, self.device, cpu_offload=False)
         else:
             self.policy.to(self.device)
         # one fused kernel for the whole update on a single GPU; FSDP's sharded (DTensor) parameters use foreach
