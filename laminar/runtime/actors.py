@@ -49,16 +49,14 @@ class BufferActor:
             int, list[Trajectory]
         ] = {}  # evaluation groups' samples, by group (never trained)
 
-    def add_eval(self, traj: Trajectory) -> None:
-        """A sample of an evaluation group: kept aside for the driver's evaluator, never in the buffer."""
-        self.evaluated.setdefault(traj.group_id, []).append(traj)
+    def add_eval_many(self, trajs: list[Trajectory]) -> None:
+        """Samples of evaluation groups: kept aside for the driver's evaluator, never in the buffer."""
+        for traj in trajs:
+            self.evaluated.setdefault(traj.group_id, []).append(traj)
 
     def take_eval(self, group_ids: list[int]) -> dict[int, list[Trajectory]]:
         """The evaluation samples that have arrived for `group_ids` (each group once it is whole or partly)."""
         return {g: self.evaluated.pop(g) for g in group_ids if g in self.evaluated}
-
-    def add(self, traj: Trajectory) -> bool:
-        return self.add_many([traj])[0]
 
     def add_many(self, trajs: list[Trajectory]) -> list[bool]:
         """Several trajectories in one call (a replica sends all it has scored at once); per trajectory, False
@@ -74,10 +72,6 @@ class BufferActor:
             self.prompt_pool.done.remote(traj.group_id)
             self.manager.group_done.remote(traj.replica, traj.group_id)
         return added
-
-    def add_eval_many(self, trajs: list[Trajectory]) -> None:
-        for traj in trajs:
-            self.add_eval(traj)
 
     def take(
         self,

@@ -298,8 +298,10 @@ class Trainer:
     def _idle_pass(self, trajs: list[Trajectory]) -> None:
         """A forward and backward with zero loss on the shortest sequence: the FSDP all-gathers and
         reduce-scatters of a micro-batch, without changing any gradient."""
-        shortest = min(trajs, key=lambda t: t.num_tokens)
-        batch = self._collate([shortest], [0.0])
+        self._zero_loss_pass([min(trajs, key=lambda t: t.num_tokens)])
+
+    def _zero_loss_pass(self, trajs: list[Trajectory]) -> None:
+        batch = self._collate(trajs, [0.0] * len(trajs))
         (self._forward_logprobs(self.policy, batch).sum() * 0.0).backward()
 
     def warm_up(self, tokens: int = 4096) -> None:
@@ -322,8 +324,7 @@ class Trainer:
             )
             for i in range(max(1, tokens // (2 * half)))
         ]
-        batch = self._collate(seqs, [0.0] * len(seqs))
-        (self._forward_logprobs(self.policy, batch).sum() * 0.0).backward()
+        self._zero_loss_pass(seqs)
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
