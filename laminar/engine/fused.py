@@ -38,32 +38,52 @@ def rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def split_rope(
+    qkv: torch.Tensor, cos_sin: torch.Tensor, heads: int, kv_heads: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused projection's output [N, (heads + 2 kv_heads) * head_dim] -> q, k (both rotated) and v, as
+    [N, heads or kv_heads, head_dim]: one kernel for what was a rotation each for q and k."""
+    n, dim = qkv.shape[0], cos_sin.shape[-1]
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    return (
+        rope(q.view(n, heads, dim), cos_sin),
+        rope(k.view(n, kv_heads, dim), cos_sin),
+        v.view(n, kv_heads, dim),
+    )
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate: the fused gate/up projection's halves, silu(gate) * up."""
+    gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope": rope, "split_rope": split_rope}
+EAGER["silu_mul"] = silu_mul
 
 
 class Fused:
     """The functions above, compiled or eager; one instance per model runner."""
 
     def __init__(self, compile: bool):
-        self.rms_norm, self.add_rms_norm, self.rope, self.silu_mul = rms_norm, add_rms_norm, rope, silu_mul
+        self._use(EAGER)
         if compile:
             try:
-                for name in ("rms_norm", "add_rms_norm", "rope", "silu_mul"):
-                    setattr(self, name, torch.compile(globals()[name], dynamic=True, fullgraph=True))
+                self._use(
+                    {name: torch.compile(fn, dynamic=True, fullgraph=True) for name, fn in EAGER.items()}
+                )
             except Exception as e:  # noqa: BLE001 - any compiler failure means: run eager
                 warnings.warn(
                     f"torch.compile unavailable ({e}); decode runs eager elementwise kernels", stacklevel=2
                 )
-                self.rms_norm, self.add_rms_norm, self.rope, self.silu_mul = (
-                    rms_norm,
-                    add_rms_norm,
-                    rope,
-                    silu_mul,
-                )
+                self._use(EAGER)
+
+    def _use(self, fns: dict) -> None:
+        self.rms_norm, self.add_rms_norm, self.rope = fns["rms_norm"], fns["add_rms_norm"], fns["rope"]
+        self.split_rope, self.silu_mul = fns["split_rope"], fns["silu_mul"]
 
     def warm_up(
-        self, device: torch.device, dtype: torch.dtype, hidden: int, heads: int, head_dim: int
+        self, device: torch.device, dtype: torch.dtype, hidden: int, heads: int, kv_heads: int, head_dim: int
     ) -> None:
         """Compile now, with shapes that differ from any graph batch, so capture sees finished kernels.
 
@@ -73,19 +93,14 @@ class Fused:
             for n in (3, 5):
                 x = torch.randn(n, hidden, device=device, dtype=dtype)
                 w = torch.ones(hidden, device=device, dtype=dtype)
+                cos_sin = torch.randn(n, head_dim, device=device)
                 self.rms_norm(x, w, 1e-6)
                 self.add_rms_norm(x, x, w, 1e-6)
                 self.rms_norm(torch.randn(n, heads, head_dim, device=device, dtype=dtype), w[:head_dim], 1e-6)
-                self.rope(
-                    torch.randn(n, heads, head_dim, device=device, dtype=dtype),
-                    torch.randn(n, head_dim, device=device),
-                )
-                self.silu_mul(x, x)
+                self.rope(torch.randn(n, heads, head_dim, device=device, dtype=dtype), cos_sin)
+                qkv = torch.randn(n, (heads + 2 * kv_heads) * head_dim, device=device, dtype=dtype)
+                self.split_rope(qkv, cos_sin, heads, kv_heads)
+                self.silu_mul(torch.cat([x, x], dim=-1))
         except Exception as e:  # noqa: BLE001
             warnings.warn(f"torch.compile failed ({type(e).__name__}: {e}); decode runs eager", stacklevel=2)
-            self.rms_norm, self.add_rms_norm, self.rope, self.silu_mul = (
-                rms_norm,
-                add_rms_norm,
-                rope,
-                silu_mul,
-            )
+            self._use(EAGER)

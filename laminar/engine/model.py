@@ -7,6 +7,7 @@ loads here by name with no mapping table.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from laminar.engine.attention import (
@@ -33,6 +34,22 @@ class RMSNorm(nn.Module):
         return self.fused.add_rms_norm(x, residual, self.weight, self.eps)
 
 
+def fuse(module: nn.Module, name: str, *linears: nn.Linear) -> None:
+    """Stack the rows of `linears` into one weight (and bias), `module.<name>_weight`, and make their parameters
+    views of it: a Hugging Face tensor loaded into `q_proj.weight` lands in the fused weight, names stay
+    Hugging Face's, and one matrix product replaces several (a small model's decode step is bound by its
+    kernel count)."""
+    for part in ("weight", "bias"):
+        tensors = [getattr(lin, part) for lin in linears]
+        if any(t is None for t in tensors):
+            module.register_buffer(f"{name}_{part}", None, persistent=False)
+            continue
+        stacked = torch.cat([t.detach() for t in tensors])
+        module.register_buffer(f"{name}_{part}", stacked, persistent=False)
+        for lin, view in zip(linears, stacked.split([t.shape[0] for t in tensors])):
+            setattr(lin, part, nn.Parameter(view, requires_grad=False))
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, fused: Fused):
         super().__init__()
@@ -42,6 +59,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        fuse(self, "qkv", self.q_proj, self.k_proj, self.v_proj)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, fused)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, fused)
@@ -56,12 +74,18 @@ class Attention(nn.Module):
         ctx: AttentionContext,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.fused.rope(q, cos_sin), self.fused.rope(k, cos_sin)
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        if self.qk_norm:  # Qwen3: each head normalised before its rotation
+            q, k, v = qkv.split([self.heads * self.head_dim, *[self.kv_heads * self.head_dim] * 2], dim=-1)
+            q = self.q_norm(q.reshape(n, self.heads, self.head_dim))
+            k = self.k_norm(k.reshape(n, self.kv_heads, self.head_dim))
+            q, k, v = (
+                self.fused.rope(q, cos_sin),
+                self.fused.rope(k, cos_sin),
+                v.reshape(n, self.kv_heads, -1),
+            )
+        else:
+            q, k, v = self.fused.split_rope(qkv, cos_sin, self.heads, self.kv_heads)
         store_kv(k, v, k_cache, v_cache, ctx)
         if ctx.is_prefill and ctx.context_starts is not None:
             out = extend_attention(q, k_cache, v_cache, ctx)
@@ -79,9 +103,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        fuse(self, "gate_up", self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.fused.silu_mul(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(self.fused.silu_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
 
 
 class DecoderLayer(nn.Module):

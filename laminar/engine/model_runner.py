@@ -46,7 +46,7 @@ class ModelRunner:
         self.block_size, self.max_model_len = block_size, max_model_len
         fused = Fused(compile=device.type == "cuda" and use_cuda_graphs)
         if device.type == "cuda":
-            fused.warm_up(device, dtype, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
+            fused.warm_up(device, dtype, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         with torch.device(device), _default_dtype(dtype):
             self.model = CausalLM(cfg, fused).eval().requires_grad_(False)
         self.cos_sin = cos_sin_table(

@@ -27,13 +27,13 @@ class Scheduler:
         self.shared_prompt_tokens = 0
 
     def schedule(self) -> tuple[list[Sequence], bool]:
-        batch, tokens, deferred = [], 0, []
+        batch, tokens, deferred, in_batch = [], 0, [], set()
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if self._waits_for_its_prompt(seq, batch):
-                deferred.append(self.waiting.popleft())  # next step, it shares the computed prompt
+            if self._waits_for_its_prompt(seq):
+                deferred.append(self.waiting.popleft())  # a later step, it shares the computed prompt
                 continue
-            self._share_prompt(seq)
+            self._share_prompt(seq, in_batch)
             if batch and tokens + len(seq) - seq.num_cached > self.max_num_batched_tokens:
                 break
             if not self.blocks.can_allocate(seq) and not self._free_parked(seq):
@@ -41,6 +41,7 @@ class Scheduler:
             self.blocks.allocate(seq)
             self.running.append(self.waiting.popleft())
             batch.append(seq)
+            in_batch.add(id(seq))
             tokens += len(seq) - seq.num_cached
         self.waiting.extendleft(reversed(deferred))
         if batch:
@@ -66,25 +67,24 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def _waits_for_its_prompt(self, seq: Sequence, batch: list[Sequence]) -> bool:
-        """A group's later sample waits while the group's first is still to compute the prompt (queued, or in
-        this very prefill); if the first is gone (finished, moved, preempted), it prefills alone."""
+    def _waits_for_its_prompt(self, seq: Sequence) -> bool:
+        """A group's later sample waits while the group's first is queued behind it (after a preemption); if the
+        first is gone (finished, moved, preempted and not yet back), it prefills alone."""
         lead = seq.share_from
-        if lead is None or seq.block_table:
-            return False
-        if lead in batch or (lead in self.waiting and not lead.block_table):
-            return True
-        return False
+        return lead is not None and not seq.block_table and lead in self.waiting and not lead.block_table
 
-    def _share_prompt(self, seq: Sequence) -> None:
+    def _share_prompt(self, seq: Sequence, in_batch: set[int]) -> None:
         """Start `seq` from its group's first sample's full prompt blocks (at least one prompt token is left to
-        prefill: its logits give the first sample). Blocks are shared only whole, so no one writes into a block
-        another reads: the partly filled last block of the prompt is computed again, never copied."""
+        prefill: its logits give the first sample). The first may be in this very prefill: every layer stores the
+        step's keys and values before any query reads the cache, so `seq` reads the prompt its first computes in
+        the same forward, and a group's prompt costs one step, not two. Blocks are shared only whole, so no one
+        writes into a block another reads: the partly filled last block of the prompt is computed again."""
         lead, seq.share_from = seq.share_from, None
-        if lead is None or seq.block_table or lead.parked or lead not in self.running:
+        if lead is None or seq.block_table or lead.parked or not lead.block_table:  # gone, or not running
             return
         n = (seq.num_prompt_tokens - 1) // self.blocks.block_size
-        if n == 0 or len(lead.block_table) < n or lead.num_cached < n * self.blocks.block_size:
+        computed = len(lead) if id(lead) in in_batch else lead.num_cached  # in this step: all of it
+        if n == 0 or len(lead.block_table) < n or computed < n * self.blocks.block_size:
             return
         if lead.token_ids[: n * self.blocks.block_size] != seq.token_ids[: n * self.blocks.block_size]:
             return

@@ -40,7 +40,9 @@ def test_a_group_prefills_its_prompt_once_and_samples_as_if_alone(model, alone):
     e = engine_for(model, block_size=16)
     for i in range(G):
         e.add_request(f"s{i}", PROMPT, PARAMS)
-    got = drain(e)
+    first = e.step()  # one prefill: the others read the prompt their first computes in the same forward
+    assert first.is_prefill and len(first.new_tokens) == G
+    got = {**{f.request_id: f for f in first.finished}, **drain(e)}
     check_same(got, alone)
     stats = e.stats()
     shared = 2 * 16  # the full blocks of the prompt, less the block that holds its last token
@@ -53,8 +55,8 @@ def test_shared_blocks_survive_the_first_sample_leaving_and_preemption(model, al
     e = engine_for(model, block_size=16, num_kv_blocks=7)  # tight: decode preempts
     for i in range(G):
         e.add_request(f"s{i}", PROMPT, PARAMS)
-    e.step()  # the first sample computes the prompt
-    e.step()  # the others start from its blocks
+    e.step()  # the first sample computes the prompt, the others start from its blocks
+    e.step()
     e.abort("s0")  # the first leaves; the blocks it shared stay with the others
     got = drain(e)
     check_same(got, alone)
