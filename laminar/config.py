@@ -109,6 +109,7 @@ class TrainerConfig:
         False  # recompute decoder layers in the backward: less memory, ~1/3 more time
     )
     cpu_offload: bool = False  # num_workers > 1: parameters, gradients and optimizer state in host memory
+    compile: bool = False  # CUDA: each decoder layer through torch.compile (elementwise work fused)
     checkpoint_every: int = 20
     warmup_steps: int = 2  # steps excluded from the throughput window
     max_nonfinite_steps: int = 3  # non-finite loss or gradient: steps skipped in a row before the run stops

@@ -119,6 +119,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         activation_checkpointing=args.activation_checkpointing,
         cpu_offload=args.cpu_offload,
         packing=args.packing,
+        compile=args.compile,
     )
     trainer = Trainer(cfg, model=model, rank=rank, world=world)
     del model
@@ -246,6 +247,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         "packed": trainer.packed,
         "activation_checkpointing": args.activation_checkpointing,
         "cpu_offload": args.cpu_offload,
+        "compile": args.compile,
         "micro_batches_per_step_rank0": cuts,
         "step_s_median": round(step_s, 4),
         "step_s": [round(x, 4) for x in times],
@@ -295,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--packing", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--activation-checkpointing", action="store_true")
     ap.add_argument("--cpu-offload", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (CUDA)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--publishes", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -147,4 +147,5 @@ def trainer_config(cfg: Config, model_path: str, cuda: bool) -> Any:
         activation_checkpointing=t.activation_checkpointing,
         packing=t.packing,
         cpu_offload=t.cpu_offload,
+        compile=t.compile,
     )

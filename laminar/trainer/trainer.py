@@ -54,6 +54,7 @@ class TrainerConfig:
     cpu_offload: bool = (
         False  # sharded trainer only: parameters, gradients and optimizer state in host memory
     )
+    compile: bool = False  # CUDA: each decoder layer through torch.compile (its elementwise work fused)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
     def __post_init__(self) -> None:
@@ -143,16 +144,21 @@ class Trainer:
         self.ref_policy = (
             PolicyLogprobs(self.ref_model, cfg.grpo.temperature) if self.ref_model is not None else None
         )
+        if cfg.compile and self.device.type == "cuda":
+            compile_layers(self.model)
         if world > 1:
             shard_policy(self.policy, self.device, cfg.cpu_offload)
             if self.ref_policy is not None:  # forward only: each rank keeps its rows, gathered layer by layer
                 shard_policy(self.ref_policy, self.device, cpu_offload=False)
         else:
             self.policy.to(self.device)
-        # one fused kernel for the whole update on a single GPU; FSDP's sharded (DTensor) parameters use foreach
-        fused = self.device.type == "cuda" and world == 1
+        # one fused kernel for the whole update on CUDA, sharded (DTensor) parameters included
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused
+            self.model.parameters(),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+            fused=self.device.type == "cuda",
         )
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self.version = 0
@@ -655,6 +661,21 @@ def _first_row(p: torch.Tensor, rank: int, world: int) -> int:
         return 0
     n = p.shape[0]
     return min(rank * -(-n // world), n)
+
+
+def compile_layers(model: PreTrainedModel) -> None:
+    """Regional compilation: each decoder layer's forward through torch.compile, in place (the module and its
+    parameter names stay as they are, so sharding, checkpoints and the publish see the same model). Norms,
+    rotary embeddings, activations and casts fuse into a few kernels; the layers share one compiled graph,
+    recompiled only for new shapes (packed micro-batches vary in length, hence dynamic shapes)."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"trainer.compile: {type(model).__name__} has no decoder layers at model.get_decoder().layers; "
+            "set trainer.compile=false"
+        )
+    for layer in layers:
+        layer.compile(dynamic=True)
 
 
 def shard_policy(policy: PolicyLogprobs, device: torch.device, cpu_offload: bool) -> None:
