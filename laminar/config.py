@@ -27,7 +27,8 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    # reverse (the demo) | lengths (benchmarks) | arith (math word problems) | a JSONL path
+    # reverse (the demo) | lengths (benchmarks) | arith (math word problems) | tool_arith (arithmetic with the
+    # calculator tool; needs tools: [calculator]) | a JSONL path
     name: str = "reverse"
     reward: str = ""  # dotted path module:function; empty = the task's own reward
     reward_timeout_s: float = 30.0  # a reward call that runs longer scores 0 and is counted as a reward error
@@ -320,10 +321,11 @@ def validate(cfg: Config) -> None:
             "a local Hugging Face model directory (config.json + *.safetensors)",
         )
     _check(
-        cfg.task.name in ("reverse", "lengths", "arith") or cfg.task.name.endswith(".jsonl"),
+        cfg.task.name in ("reverse", "lengths", "arith", "tool_arith") or cfg.task.name.endswith(".jsonl"),
         "task.name",
         cfg.task.name,
-        "reverse (the demo), lengths (the benchmark workload), arith (math word problems) or a .jsonl file",
+        "reverse (the demo), lengths (the benchmark workload), arith (math word problems), tool_arith "
+        "(arithmetic with a calculator tool) or a .jsonl file",
     )
     d = cfg.data
     for name in ("train_files", "val_files"):
@@ -491,6 +493,13 @@ def validate(cfg: Config) -> None:
         k.tool_latency_p99_ratio >= 1, "task.tool_latency_p99_ratio", k.tool_latency_p99_ratio, "at least 1"
     )
     _check(k.tool_output_tokens >= 1, "task.tool_output_tokens", k.tool_output_tokens, "at least 1")
+    _check(
+        k.name != "tool_arith" or "calculator" in k.tools,
+        "task.tools",
+        k.tools,
+        "a list that holds calculator when task.name=tool_arith (its model calls the calculator tool), "
+        "e.g. task.tools=[calculator]",
+    )
     if k.tools:
         from laminar.tools.registry import ToolLoadError, load_tools
 

@@ -24,7 +24,8 @@ from laminar.config import Config, ConfigError, load_config, lr_warning
 
 
 def resolve_model(cfg: Config) -> str:
-    """The configured local model, or the demo's warm-start checkpoint (made once by `laminar warmup`)."""
+    """The configured local model, or the task's warm-start checkpoint (made once by `laminar warmup`): the
+    demo's, or for `tool_arith` its own (its tokenizer writes tool calls)."""
     if cfg.model.path:
         from laminar.trainer.trainer import check_model_dir
 
@@ -32,10 +33,12 @@ def resolve_model(cfg: Config) -> str:
         return cfg.model.path
     from laminar.data.warmup import default_warmup_dir, is_current, warmup
 
-    demo = default_warmup_dir()
-    if not is_current(demo):
-        print(f"building the demo's warm-start checkpoint in {demo} (once; `laminar warmup` rebuilds it)")
-        warmup(demo)
+    task = "tool_arith" if cfg.task.name == "tool_arith" else "reverse"
+    demo = default_warmup_dir(task)
+    if not is_current(demo, task):
+        again = "laminar warmup" + ("" if task == "reverse" else f" --task {task}")
+        print(f"building the {task} task's warm-start checkpoint in {demo} (once; `{again}` rebuilds it)")
+        warmup(demo, task=task)
     return str(demo)
 
 
@@ -51,6 +54,11 @@ def check_inputs(cfg: Config) -> None:
 
         files = read_dataset_files(cfg)  # every row's fields first: no model is needed for that
         check_prompts(files, cfg, resolve_model(cfg))
+    if cfg.task.name == "tool_arith" and cfg.model.path:
+        from laminar.data.codec import TaskCodec
+        from laminar.data.tool_arith import check_tokenizer
+
+        check_tokenizer(TaskCodec.from_config(resolve_model(cfg), cfg))
     from laminar.telemetry.tracking import check_wandb
 
     check_wandb(cfg.run.wandb_project)
@@ -79,8 +87,8 @@ def start_ray(cfg: Config) -> None:
 class Progress:
     """One line per trainer step: the numbers a person watching the run wants."""
 
-    def __init__(self, steps: int, t0: float) -> None:
-        self.steps, self.t0, self.rewards = steps, t0, []
+    def __init__(self, steps: int, t0: float, tools: bool = False) -> None:
+        self.steps, self.t0, self.rewards, self.tools = steps, t0, [], tools
 
     def __call__(self, m: dict[str, Any]) -> None:
         self.rewards.append(m["reward_mean"])
@@ -91,6 +99,11 @@ class Progress:
             f" (ma5 {ma:.3f})  tokens {m['tokens']:5d}  staleness mean {sum(st) / len(st):.2f} max {max(st)}"
             f"  stall {1000 * m['stall_s']:.1f} ms  |logp train-rollout| {m.get('logprob_mismatch_abs', 0.0):.4f}"
             + (f"  kl {m['kl']:.4f}" if "kl" in m else "")
+            + (
+                f"  tool calls {m['tool_call_frac']:.2f} of trajectories, {m['tool_calls_mean']:.2f} each"
+                if self.tools
+                else ""
+            )
             + (f"  filtered {m['filtered_groups']}" if "filtered_groups" in m else ""),
             flush=True,
         )
@@ -136,7 +149,8 @@ def train(
     try:
         # Start-up phases go to the console as they begin (a slow start never looks like a hang).
         recorder.log(
-            "phase", what=f"checking the model {cfg.model.path}" if cfg.model.path else "the demo's model"
+            "phase",
+            what=f"checking the model {cfg.model.path}" if cfg.model.path else "the task's warm start",
         )
         model_path = resolve_model(cfg)
         sweep_stale()  # shared memory left by killed runs on this (the driver's) node
@@ -178,7 +192,7 @@ def _run(
         f"model {model_path}, run folder {out}" + (f", resumed at step {rt.version}" if resume else ""),
         flush=True,
     )
-    progress = (lambda m: None) if quiet else Progress(cfg.trainer.steps, time.time())
+    progress = (lambda m: None) if quiet else Progress(cfg.trainer.steps, time.time(), bool(cfg.task.tools))
 
     def on_step(m: dict[str, Any]) -> None:
         if m["version"] == start_version + 1:

@@ -254,11 +254,16 @@ def train_rows(cfg: Any) -> list[dict[str, Any]]:
         from laminar.data.arith import ArithTask, parse_levels
 
         made, keep = ArithTask(parse_levels(t.arith_levels), seed=t.seed).rows(t.num_prompts), ()
+    elif t.name == "tool_arith":
+        from laminar.data.tool_arith import ToolArithTask
+
+        made, keep = ToolArithTask(seed=t.seed).rows(t.num_prompts), ()
     elif Path(t.name).suffix == ".jsonl":
         return load_file(t.name, d.prompt_key)
     else:
         raise ValueError(
-            f"task.name={t.name!r}: expected reverse, lengths or arith (built in) or a .jsonl file of rows"
+            f"task.name={t.name!r}: expected reverse, lengths, arith or tool_arith (built in) or a .jsonl file "
+            "of rows"
         )
     return [normalise_row(r, i, f"task {t.name}", keep=keep) for i, r in enumerate(made)]
 

@@ -75,5 +75,11 @@ class Trajectory:
         return sum(self.loss_mask) if self.loss_mask else len(self.response_ids)
 
     @property
+    def tool_outputs(self) -> int:
+        """Tool outputs appended to the response (runs of context tokens): one per tool call that came back."""
+        mask = self.loss_mask
+        return sum(1 for i, m in enumerate(mask) if m == 0 and (i == 0 or mask[i - 1] == 1))
+
+    @property
     def versions(self) -> set[int]:
         return set(self.token_versions) if self.token_versions else {self.version}

@@ -70,11 +70,15 @@ def save_tokenizer(tokenizer: Tokenizer | PreTrainedTokenizerFast, out: str | Pa
     """tokenizer.json plus the small config files HF's AutoTokenizer expects."""
     out = Path(out)
     getattr(tokenizer, "backend_tokenizer", tokenizer).save(str(out / "tokenizer.json"))
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
+    specials = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
+    if isinstance(tokenizer, PreTrainedTokenizerFast):  # its own special tokens (another task's tokenizer)
+        names = ("bos_token", "eos_token", "pad_token", "unk_token")
+        specials = {k: getattr(tokenizer, k) for k in names if getattr(tokenizer, k, None) is not None}
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", **specials}
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):  # text must decode exactly as written
+        cfg["clean_up_tokenization_spaces"] = False
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
-    (out / "special_tokens_map.json").write_text(
-        json.dumps({k: cfg[k] for k in cfg if k != "tokenizer_class"})
-    )
+    (out / "special_tokens_map.json").write_text(json.dumps(specials))
 
 
 def save_model_dir(model, codec: TaskCodec, out: str | Path) -> Path:

@@ -1,5 +1,8 @@
-"""`laminar warmup --out DIR`: the demo's warm start, a tiny Llama taught the reverse task by a short
-supervised run, stopped while it is still only partly right so that RL has something to improve."""
+"""`laminar warmup [--task reverse|tool_arith] --out DIR`: a built-in task's warm start, a tiny Llama taught the
+task by a short supervised run on demonstrations, stopped while it is still only partly right so that RL has
+something to improve. `reverse` is the demo's; `tool_arith` answers some problems with a calculator call and
+guesses the rest (`WarmupConfig.tool_share` of its demonstrations call the tool), so RL has to find that the
+tool pays."""
 
 from __future__ import annotations
 
@@ -7,13 +10,20 @@ import argparse
 import json
 import random
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from laminar.data.tasks import ReverseTask, TaskCodec, save_model_dir
+
+TASKS = ("reverse", "tool_arith")
+Example = tuple[list[int], list[int]]  # token ids and the loss mask over them (1: trained)
+# tool_arith's run: long enough that the model writes calls and often copies the tool's output right, short
+# enough that it still guesses most answers without the tool (about 1 in 3 of its samples call it)
+TOOL_ARITH_STEPS = 1200
 
 
 @dataclass
@@ -27,29 +37,79 @@ class WarmupConfig:
     lr: float = 3e-3
     seed: int = 1234  # the RL dataset uses other seeds, so warm-up rows are not the RL rows
     threads: int = 2
+    tool_share: float = 0.3  # tool_arith: the share of demonstrations that call the calculator
+
+    @classmethod
+    def for_task(cls, task: str) -> WarmupConfig:
+        """Each task's own warm start: its length of supervised run, stopped while still partly right."""
+        check_task(task)
+        return cls(steps=TOOL_ARITH_STEPS) if task == "tool_arith" else cls()
+
+
+def check_task(task: str) -> None:
+    if task not in TASKS:
+        raise ValueError(f"warm start for task {task!r}: the built-in tasks with one are {', '.join(TASKS)}")
 
 
 # Bumped when the directory's contents change meaning: 2 = its tokenizer puts BOS before a prompt by itself.
 FORMAT = 2
 
 
-def is_current(path: Path) -> bool:
-    """A warm start built by this version (an older one would read prompts differently)."""
+def is_current(path: Path, task: str = "reverse") -> bool:
+    """A warm start of `task` built by this version (an older one would read prompts differently)."""
     info = path / "warmup.json"
-    return (
-        (path / "config.json").is_file()
-        and info.is_file()
-        and json.loads(info.read_text()).get("format") == FORMAT
-    )
+    if not ((path / "config.json").is_file() and info.is_file()):
+        return False
+    made = json.loads(info.read_text())
+    return made.get("format") == FORMAT and made.get("task", "reverse") == task
 
 
-def default_warmup_dir() -> Path:
-    """Where the demo's warm start is kept: `runs/warmup` in the source checkout laminar runs from (found from
-    this file, not the working directory), else the user's cache when laminar is installed as a package."""
+def default_warmup_dir(task: str = "reverse") -> Path:
+    """Where a task's warm start is kept: `runs/warmup` (the demo's; `runs/warmup-TASK` for another task) in the
+    source checkout laminar runs from (found from this file, not the working directory), else the user's cache
+    when laminar is installed as a package."""
+    check_task(task)
+    name = "warmup" if task == "reverse" else f"warmup-{task.replace('_', '-')}"
     root = Path(__file__).resolve().parents[2]
     if (root / "pyproject.toml").is_file() and (root / "laminar").is_dir():
-        return root / "runs" / "warmup"
-    return Path.home() / ".cache" / "laminar" / "warmup"
+        return root / "runs" / name
+    return Path.home() / ".cache" / "laminar" / name
+
+
+def task_codec(task: str) -> TaskCodec:
+    """The tokenizer a task's warm start is built with (and saved beside its weights)."""
+    check_task(task)
+    if task == "tool_arith":
+        from laminar.data.tool_arith import tool_tokenizer
+
+        return TaskCodec(tool_tokenizer(), source="the tool_arith tokenizer")
+    return TaskCodec()
+
+
+def examples_of(task: str, codec: TaskCodec, cfg: WarmupConfig) -> Callable[[random.Random], Example]:
+    """One demonstration a call: the task's prompt and the response the model should learn to write."""
+    check_task(task)
+    if task == "tool_arith":
+        from laminar.data.tool_arith import ToolArithTask, demonstration
+        from laminar.tools.builtin import calculator
+
+        arith = ToolArithTask()
+
+        def tool_example(rng: random.Random) -> Example:
+            row = arith.make_row(rng)
+            use_tool = rng.random() < cfg.tool_share
+            output = calculator(row["extra_info"]["expression"]).text if use_tool else ""
+            return demonstration(codec, row, use_tool, output)
+
+        return tool_example
+    reverse = ReverseTask()
+
+    def reverse_example(rng: random.Random) -> Example:
+        row = reverse.make_row(rng)
+        prompt, answer = codec.encode_prompt(row["prompt"]), codec.encode_answer(row["answer"])
+        return prompt + answer, [0] * len(prompt) + [1] * len(answer)
+
+    return reverse_example
 
 
 def build_demo_model(
@@ -72,41 +132,33 @@ def build_demo_model(
     return LlamaForCausalLM(config)
 
 
-def supervised_batch(
-    task: ReverseTask, codec: TaskCodec, rng: random.Random, size: int
-) -> dict[str, torch.Tensor]:
-    """Teacher-forced (prompt, answer) pairs with the loss on answer tokens only."""
-    seqs, starts = [], []
-    for _ in range(size):
-        row = task.make_row(rng)
-        p = codec.encode_prompt(row["prompt"])
-        seqs.append(p + codec.encode_answer(row["answer"]))
-        starts.append(len(p))
-    width = max(len(s) for s in seqs)
-    ids = torch.full((size, width), codec.pad_id, dtype=torch.long)
-    labels = torch.full((size, width), -100, dtype=torch.long)
-    attn = torch.zeros((size, width), dtype=torch.long)
-    for b, (s, st) in enumerate(zip(seqs, starts)):
-        ids[b, : len(s)] = torch.tensor(s)
-        attn[b, : len(s)] = 1
-        labels[b, st : len(s)] = torch.tensor(s[st:])
+def supervised_batch(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    """Teacher-forced demonstrations with the loss only where their mask is 1 (what the model writes)."""
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    attn = torch.zeros((len(examples), width), dtype=torch.long)
+    for b, (seq, mask) in enumerate(examples):
+        row = torch.tensor(seq)
+        ids[b, : len(seq)] = row
+        attn[b, : len(seq)] = 1
+        labels[b, : len(seq)] = torch.where(torch.tensor(mask) == 1, row, -100)
     return {"input_ids": ids, "attention_mask": attn, "labels": labels}
 
 
-def warmup(
-    out: str | Path, cfg: WarmupConfig | None = None, task: ReverseTask | None = None, log: bool = True
-) -> Path:
-    cfg, task = cfg or WarmupConfig(), task or ReverseTask()
+def warmup(out: str | Path, cfg: WarmupConfig | None = None, task: str = "reverse", log: bool = True) -> Path:
+    cfg = cfg or WarmupConfig.for_task(task)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    codec = TaskCodec()
+    codec = task_codec(task)
+    example = examples_of(task, codec, cfg)
     model = build_demo_model(codec.vocab_size, cfg, codec)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30))
     t0 = time.perf_counter()
     for step in range(cfg.steps):
-        loss = model(**supervised_batch(task, codec, rng, cfg.batch_size)).loss
+        loss = model(**supervised_batch([example(rng) for _ in range(cfg.batch_size)], codec.pad_id)).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -121,9 +173,10 @@ def warmup(
     n_params = sum(p.numel() for p in model.parameters())
     info = {
         "format": FORMAT,
-        "task": "reverse",
+        "task": task,
         "params": n_params,
         "steps": cfg.steps,
+        **({"tool_share": cfg.tool_share} if task == "tool_arith" else {}),
         "seconds": round(time.perf_counter() - t0, 1),
     }
     (out / "warmup.json").write_text(json.dumps(info, indent=2))
@@ -134,13 +187,20 @@ def warmup(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="laminar warmup", description=__doc__)
+    ap.add_argument("--task", choices=TASKS, default="reverse", help="the built-in task (default: reverse)")
     ap.add_argument(
         "--out",
-        default=str(default_warmup_dir()),
-        help=f"directory for the HF model (default: {default_warmup_dir()}, where `laminar train` looks for it)",
+        default=None,
+        help=f"directory for the HF model (default: {default_warmup_dir()} for reverse, runs/warmup-TASK for "
+        "another task: where `laminar train` looks for it)",
     )
-    ap.add_argument("--steps", type=int, default=WarmupConfig.steps)
+    ap.add_argument("--steps", type=int, default=None, help="supervised steps (default: the task's own)")
     ap.add_argument("--seed", type=int, default=WarmupConfig.seed)
     args = ap.parse_args(argv)
-    warmup(args.out, WarmupConfig(steps=args.steps, seed=args.seed))
+    if args.steps is not None and args.steps < 1:
+        ap.error(f"--steps {args.steps}: a warm start needs at least 1 supervised step")
+    cfg = replace(WarmupConfig.for_task(args.task), seed=args.seed)
+    if args.steps is not None:
+        cfg = replace(cfg, steps=args.steps)
+    warmup(args.out or default_warmup_dir(args.task), cfg, args.task)
     return 0

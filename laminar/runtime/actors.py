@@ -252,6 +252,9 @@ class TrainerActor:
             "tokens": sum(t.num_tokens for t in trajs),
             "response_tokens": sum(len(t.response_ids) for t in trajs),
             "reward_mean": sum(t.reward for t in trajs) / max(len(trajs), 1),
+            # tool turns: calls whose output came back, per trajectory, and the share that made one
+            "tool_calls_mean": sum(t.tool_outputs for t in trajs) / max(len(trajs), 1),
+            "tool_call_frac": sum(t.tool_outputs > 0 for t in trajs) / max(len(trajs), 1),
             "reprefill_tokens": sum(t.reprefill_tokens for t in trajs),
             "staleness": [staleness(consumer_version, t.version) for t in trajs],
             "traj_ids": [t.traj_id for t in trajs],

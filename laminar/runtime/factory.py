@@ -80,6 +80,7 @@ class ScorerRecipe:
         default = {
             "lengths": "laminar.data.lengths:length_reward",
             "arith": "laminar.rewards.math:default_score",
+            "tool_arith": "laminar.rewards.tool_arith:tool_arith_reward",
         }.get(self.task, DEFAULT_REWARD)
         return RewardScorer(self.reward or default, codec.decode, timeout_s=self.timeout_s)
 

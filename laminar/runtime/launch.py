@@ -51,6 +51,11 @@ def eval_rows(cfg: Config) -> list[dict[str, Any]]:
     if cfg.task.name == "reverse":  # another seed than training's
         made = ReverseTask(seed=cfg.task.seed + 1_000_003).rows(cfg.eval.num_prompts)
         return [normalise_row(r, i, "task reverse (held out)") for i, r in enumerate(made)]
+    if cfg.task.name == "tool_arith":  # another seed than training's
+        from laminar.data.tool_arith import ToolArithTask
+
+        made = ToolArithTask(seed=cfg.task.seed + 1_000_003).rows(cfg.eval.num_prompts)
+        return [normalise_row(r, i, "task tool_arith (held out)") for i, r in enumerate(made)]
     if cfg.task.name == "arith":  # problems whose expressions training never draws
         from laminar.data.arith import ArithTask, parse_levels
 

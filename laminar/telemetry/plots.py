@@ -95,4 +95,23 @@ def plot_run(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     if by_rep:
         ax1.legend(fontsize=7, ncol=4)
     paths.append(_save(fig, out / "replicas.png"))
+
+    if any(r.get("tool_calls_mean") for r in steps):  # a run with tool turns
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        t = [r["t"] for r in steps]
+        share = [r.get("tool_call_frac", float("nan")) for r in steps]
+        calls = [r.get("tool_calls_mean", float("nan")) for r in steps]
+        ax.plot(t, moving_average(share, 5), "-", label="trajectories that called a tool (share)")
+        ax.plot(t, moving_average(calls, 5), "--", label="tool calls per trajectory")
+        ax.plot(
+            t,
+            moving_average(
+                [float("nan") if r["reward_mean"] is None else r["reward_mean"] for r in steps], 5
+            ),
+            ":",
+            label="reward",
+        )
+        ax.set(xlabel="wall time (s)", ylabel="moving average (5 steps)", title="Tool use over wall time")
+        ax.legend(fontsize=8)
+        paths.append(_save(fig, out / "tools.png"))
     return paths

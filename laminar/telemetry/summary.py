@@ -95,5 +95,14 @@ def summarize(
         "trajectories": trajectories,
         **errors(records),
     }
+    calls = [r["tool_calls_mean"] for r in steps if r.get("tool_calls_mean") is not None]
+    if any(calls):  # a run with tool turns: how its use of the tools moved, over the reward's windows
+        frac = [r["tool_call_frac"] for r in steps if r.get("tool_call_frac") is not None]
+        summary["tool_calls"] = {
+            "per_trajectory_start": round(float(np.mean(calls[:window])), 4),
+            "per_trajectory_end": round(float(np.mean(calls[-window:])), 4),
+            "trajectory_share_start": round(float(np.mean(frac[:window])), 4),
+            "trajectory_share_end": round(float(np.mean(frac[-window:])), 4),
+        }
     summary.update(extra or {})
     return summary

@@ -23,7 +23,7 @@ LR, N, GROUPS, TEMPERATURE, STEPS = 3e-4, 8, 16, 1.0, 60
 def test_grpo_raises_the_reward_of_the_warm_start(tmp_path):
     t0 = time.perf_counter()
     task = ReverseTask()
-    model_dir = warmup(tmp_path / "warm", WarmupConfig(), task, log=False)
+    model_dir = warmup(tmp_path / "warm", WarmupConfig(), "reverse", log=False)
     codec = TaskCodec.from_dir(model_dir)
     trainer = Trainer(
         TrainerConfig(
