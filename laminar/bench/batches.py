@@ -132,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         "engine_setup_s": round(setup_s, 2),
         "batches": rows,
         "median_batch_s": sorted(r["wall_s"] for r in measured)[len(measured) // 2] if measured else None,
-        "median_prefill_s": sorted(r["prefill_s"] for r in measured)[len(measured) // 2] if measured else None,
+        "median_prefill_s": sorted(r["prefill_s"] for r in measured)[len(measured) // 2]
+        if measured
+        else None,
         "decode_graph_replay_ms": graphs,
     }
     out = Path(args.out)
