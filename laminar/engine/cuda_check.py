@@ -35,6 +35,29 @@ def check_paged_attention(dtype: torch.dtype) -> float:
     return worst
 
 
+def check_rope_store(dtype: torch.dtype) -> float:
+    """The fused rotation-and-store kernel against `fused.split_rope` plus `attention.store_kv`: the worst
+    relative error over q, k and both caches (the same float32 math: zero, or a rounding step in places)."""
+    from laminar.engine.attention import AttentionContext, store_kv
+    from laminar.engine.fused import split_rope
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    worst = 0.0
+    for n, heads, kv, dim in [(37, 14, 2, 64), (5, 28, 4, 128), (256, 9, 3, 64)]:
+        qkv = torch.randn(n, (heads + 2 * kv) * dim, device="cuda", dtype=dtype, generator=g)
+        angles = torch.rand(n, dim // 2, device="cuda", generator=g) * 100
+        cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)
+        slots = torch.randperm(64 * 16, device="cuda", generator=g)[:n]
+        caches = [torch.zeros(64, 16, kv, dim, device="cuda", dtype=dtype) for _ in range(4)]
+        q, k, v = paged_attention.rope_store(qkv, cos_sin, slots, caches[0], caches[1], heads, kv)
+        q_ref, k_ref, v_ref = split_rope(qkv, cos_sin, heads, kv)
+        store_kv(k_ref, v_ref, caches[2], caches[3], AttentionContext(is_prefill=False, slot_mapping=slots))
+        pairs = [(q, q_ref), (k, k_ref), (v, v_ref), (caches[0], caches[2]), (caches[1], caches[3])]
+        for a, b in pairs:
+            worst = max(worst, ((a.double() - b.double()).norm() / b.double().norm()).item())
+    return worst
+
+
 def check_sampler() -> tuple[float, float]:
     """Fraction of rows where the Triton sampler picks the torch path's token, and the worst log-prob gap."""
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -131,6 +154,10 @@ def main() -> int:
         err = check_paged_attention(dtype)
         ok &= err < tol
         print(f"paged attention {dtype}: rel err {err:.2e} (tol {tol:.0e})")
+    for dtype, tol in [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]:
+        err = check_rope_store(dtype)
+        ok &= err < tol
+        print(f"rotation and cache store {dtype}: rel err {err:.2e} (tol {tol:.0e})")
     frac, gap = check_sampler()
     ok &= frac >= 0.98 and gap < 1e-3
     print(f"triton sampler vs torch: same token {frac:.3f}, max log-prob gap {gap:.2e}")

@@ -19,6 +19,7 @@ from laminar.engine.attention import (
 )
 from laminar.engine.config import ModelConfig
 from laminar.engine.fused import Fused
+from laminar.engine.paged_attention import rope_store, rope_store_supported
 
 
 class RMSNorm(nn.Module):
@@ -64,6 +65,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, fused)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, fused)
         self.qk_norm = cfg.qk_norm
+        self.rope_store = rope_store_supported(cfg.head_dim)
 
     def forward(
         self,
@@ -84,9 +86,12 @@ class Attention(nn.Module):
                 self.fused.rope(k, cos_sin),
                 v.reshape(n, self.kv_heads, -1),
             )
+            store_kv(k, v, k_cache, v_cache, ctx)
+        elif self.rope_store and qkv.is_cuda:  # rotation and the cache store in one kernel
+            q, k, v = rope_store(qkv, cos_sin, ctx.slot_mapping, k_cache, v_cache, self.heads, self.kv_heads)
         else:
             q, k, v = self.fused.split_rope(qkv, cos_sin, self.heads, self.kv_heads)
-        store_kv(k, v, k_cache, v_cache, ctx)
+            store_kv(k, v, k_cache, v_cache, ctx)
         if ctx.is_prefill and ctx.context_starts is not None:
             out = extend_attention(q, k_cache, v_cache, ctx)
         elif ctx.is_prefill:

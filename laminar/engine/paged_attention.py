@@ -135,3 +135,95 @@ def paged_decode(
         num_stages=2,
     )
     return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rope_store_kernel(
+        qkv_ptr,
+        cos_sin_ptr,
+        slot_ptr,
+        q_out_ptr,
+        k_out_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        stride_qkv,
+        stride_cs,
+        HEADS: tl.constexpr,
+        KV_HEADS: tl.constexpr,
+        HALF: tl.constexpr,
+    ):
+        """One token, one head: rotate a query head into q_out, or a key head into k_out and the key cache, and
+        copy its value head into the value cache. The rotation is `fused.rope`'s, in float32."""
+        n = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        dim = 2 * HALF
+        offs = tl.arange(0, HALF)
+        cos = tl.load(cos_sin_ptr + n * stride_cs + offs)
+        sin = tl.load(cos_sin_ptr + n * stride_cs + HALF + offs)
+        row = qkv_ptr + n * stride_qkv + h * dim
+        x1 = tl.load(row + offs).to(tl.float32)
+        x2 = tl.load(row + HALF + offs).to(tl.float32)
+        dtype = q_out_ptr.dtype.element_ty
+        r1 = (x1 * cos - x2 * sin).to(dtype)
+        r2 = (x2 * cos + x1 * sin).to(dtype)
+        if h < HEADS:
+            out = q_out_ptr + (n * HEADS + h) * dim
+            tl.store(out + offs, r1)
+            tl.store(out + HALF + offs, r2)
+        else:
+            kvh = h - HEADS
+            out = k_out_ptr + (n * KV_HEADS + kvh) * dim
+            tl.store(out + offs, r1)
+            tl.store(out + HALF + offs, r2)
+            slot = tl.load(slot_ptr + n)
+            cache = (slot * KV_HEADS + kvh) * dim
+            tl.store(k_cache_ptr + cache + offs, r1)
+            tl.store(k_cache_ptr + cache + HALF + offs, r2)
+            v = row + KV_HEADS * dim  # this head's value, KV_HEADS heads further along the row
+            tl.store(v_cache_ptr + cache + offs, tl.load(v + offs))
+            tl.store(v_cache_ptr + cache + HALF + offs, tl.load(v + HALF + offs))
+
+
+def rope_store_supported(head_dim: int) -> bool:
+    """The fused rotation-and-store kernel needs Triton and a power-of-two head dimension."""
+    return triton is not None and head_dim >= 2 and head_dim & (head_dim - 1) == 0
+
+
+def rope_store(
+    qkv: torch.Tensor,
+    cos_sin: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`fused.split_rope` and `attention.store_kv` in one kernel (four kernels a layer before): q and k rotated,
+    k and v written into their cache slots. qkv [N, (heads + 2 kv_heads) * D]; cos_sin [N, D] float32; caches
+    [num_blocks, block_size, kv_heads, D], contiguous. Returns q [N, heads, D], k [N, kv_heads, D] (rotated)
+    and v (a view of qkv)."""
+    n, dim = qkv.shape[0], cos_sin.shape[-1]
+    assert qkv.stride(-1) == 1 and cos_sin.stride(-1) == 1 and cos_sin.dtype == torch.float32
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[-2:] == (kv_heads, dim)
+    q = torch.empty(n, heads, dim, device=qkv.device, dtype=qkv.dtype)
+    k = torch.empty(n, kv_heads, dim, device=qkv.device, dtype=qkv.dtype)
+    if n:
+        _rope_store_kernel[(n, heads + kv_heads)](
+            qkv,
+            cos_sin,
+            slot_mapping,
+            q,
+            k,
+            k_cache,
+            v_cache,
+            qkv.stride(0),
+            cos_sin.stride(0),
+            HEADS=heads,
+            KV_HEADS=kv_heads,
+            HALF=dim // 2,
+            num_warps=1,
+        )
+    v = qkv[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim)
+    return q, k, v

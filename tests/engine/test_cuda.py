@@ -13,6 +13,13 @@ def test_paged_attention_matches_gather():
     assert check_paged_attention(torch.bfloat16) < 2e-2
 
 
+def test_rotation_and_cache_store_kernel_matches_the_two_steps_it_fuses():
+    from laminar.engine.cuda_check import check_rope_store
+
+    assert check_rope_store(torch.float32) < 1e-5
+    assert check_rope_store(torch.bfloat16) < 2e-2
+
+
 def test_triton_sampler_matches_torch():
     from laminar.engine.cuda_check import check_sampler
 
