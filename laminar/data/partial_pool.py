@@ -89,9 +89,10 @@ class PartialPool:
                 + (f" and a mask of {len(mask)}" if mask is not None else "")
             )
         e = self._get(traj_id)
-        if mask is not None and 0 in mask and not e.loss_mask:
-            e.loss_mask = [1] * len(e.response_ids)
-        if e.loss_mask:
+        if (
+            mask is not None or e.loss_mask
+        ):  # kept per token once any mask came (tokens before it were sampled)
+            e.loss_mask.extend([1] * (len(e.response_ids) - len(e.loss_mask)))
             e.loss_mask.extend(mask if mask is not None else [1] * len(tokens))
         e.response_ids.extend(tokens)
         e.logprobs.extend(logprobs)

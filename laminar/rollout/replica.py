@@ -39,6 +39,35 @@ def describe_error(exc: BaseException) -> tuple[str, str]:
     return line, f"{type(exc).__name__} at {where}"
 
 
+def export_request(engine: Any, tools: Any, rid: str) -> tuple[Any, Any]:
+    """A request out of this replica with its tool state (`TurnState`, or None without tools): a parked one goes
+    with its pending call and, once the call is back, its result. Raises while its call still runs."""
+    tool = tools.export(rid) if tools is not None else None
+    return engine.export_request(rid), tool
+
+
+def import_request(engine: Any, tools: Any, exported: Any, tool: Any) -> None:
+    """A moved or recovered request into this replica; one parked on a call resumes with the call's result when it
+    came with it, else the call runs again here (counted in `tools.reruns`)."""
+    rid = exported.request_id
+    if exported.parked and (tools is None or tool is None or not tool.parked):
+        raise ValueError(f"request {rid!r} is parked on a tool call but came without that call")
+    engine.import_request(exported)
+    if tools is not None and tool is not None:
+        tools.import_(rid, tool)
+
+
+def progress_update(engine: Any, tools: Any, rid: str, reported: int) -> tuple:
+    """What the partial response pool gets of a request past its first `reported` tokens: the tokens and their
+    log-probs, and with tools their loss mask and the tool state they end in."""
+    tokens, logprobs = engine.progress(rid)
+    if tools is None:
+        return tokens[reported:], logprobs[reported:]
+    tool = tools.state(rid)
+    mask = engine.output_mask(rid)[reported:]
+    return tokens[reported:], logprobs[reported:], mask, tool.as_dict() if tool is not None else None
+
+
 @dataclass
 class _Command:
     fn: Callable[[], Any]
@@ -150,8 +179,9 @@ class RolloutReplica:
             for rid in request_ids:
                 if rid not in self.inflight or (self.tools is not None and self.tools.busy(rid)):
                     continue
-                exported, state = self.engine.export_request(rid), self.inflight.pop(rid)
-                state.tool = self.tools.export(rid) if self.tools is not None else None
+                exported, tool = export_request(self.engine, self.tools, rid)
+                state = self.inflight.pop(rid)
+                state.tool = tool
                 out.append((exported, state))
             return out
 
@@ -169,12 +199,8 @@ class RolloutReplica:
                     refused.append(rid)
                     continue
                 tool, state.tool = state.tool, None
-                if exported.parked and (self.tools is None or tool is None or not tool.parked):
-                    raise ValueError(f"request {rid!r} is parked on a tool call but came without that call")
-                self.engine.import_request(exported)
+                import_request(self.engine, self.tools, exported, tool)
                 self.inflight[rid] = state
-                if self.tools is not None and tool is not None:
-                    self.tools.import_(rid, tool)  # resumes with the call's result, or runs a lost call again
             return refused
 
         return self.run_in_loop(import_)
@@ -350,17 +376,10 @@ class RolloutReplica:
             state = self.inflight.get(rid)
             if state is None or is_eval(state.group.group_id):
                 continue
-            tokens, logprobs = self.engine.progress(rid)
-            if len(tokens) <= state.reported and rids is None:
-                continue
-            new = slice(state.reported, None)
-            if self.tools is None:
-                updates[rid] = (tokens[new], logprobs[new])
-            else:
-                tool = self.tools.state(rid)
-                mask = self.engine.output_mask(rid)[new]
-                updates[rid] = (tokens[new], logprobs[new], mask, tool.as_dict() if tool else None)
-            state.reported = len(tokens)
+            update = progress_update(self.engine, self.tools, rid, state.reported)
+            if update[0] or rids is not None:
+                updates[rid] = update
+                state.reported += len(update[0])
         if updates:
             self.partial_pool.progress.remote(updates)
 
