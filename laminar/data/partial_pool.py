@@ -1,4 +1,8 @@
-"""The partial response pool: the in-flight frontier, so a trajectory can be moved or recovered with its progress."""
+"""The partial response pool: the in-flight frontier, so a trajectory can be moved or recovered with its progress.
+
+A trajectory with tool turns is kept whole: its tokens with their loss mask (a tool's output is context, mask 0)
+and its tool state (`laminar.tools.turns.TurnState.as_dict()`: its turns so far, the call it waits for and that
+call's result once known), so a recovery continues after its last completed turn."""
 
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ class PartialTrajectory:
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     restarts: int = 0
+    loss_mask: list[int] = field(default_factory=list)  # per response token; [] = all sampled
+    tool: dict[str, Any] | None = None  # its tool state at the last report (None: no tool turn yet)
     # the group's row, so a recovered trajectory is still scored against it (e.g. its answer)
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -68,18 +74,37 @@ class PartialPool:
         except KeyError:
             raise KeyError(f"partial pool: trajectory {traj_id} is not in flight") from None
 
-    def append(self, traj_id: str, tokens: list[int], logprobs: list[float]) -> None:
-        if len(tokens) != len(logprobs):
-            raise ValueError(f"partial pool: {traj_id}: {len(tokens)} tokens but {len(logprobs)} log-probs")
+    def append(
+        self,
+        traj_id: str,
+        tokens: list[int],
+        logprobs: list[float],
+        mask: list[int] | None = None,
+        tool: dict[str, Any] | None = None,
+    ) -> None:
+        """More tokens; `mask` is theirs (None: all sampled), `tool` the tool state they end in (None: as it was)."""
+        if len(tokens) != len(logprobs) or (mask is not None and len(mask) != len(tokens)):
+            raise ValueError(
+                f"partial pool: {traj_id}: {len(tokens)} tokens but {len(logprobs)} log-probs"
+                + (f" and a mask of {len(mask)}" if mask is not None else "")
+            )
         e = self._get(traj_id)
+        if (
+            mask is not None or e.loss_mask
+        ):  # kept per token once any mask came (tokens before it were sampled)
+            e.loss_mask.extend([1] * (len(e.response_ids) - len(e.loss_mask)))
+            e.loss_mask.extend(mask if mask is not None else [1] * len(tokens))
         e.response_ids.extend(tokens)
         e.logprobs.extend(logprobs)
+        if tool is not None:
+            e.tool = tool
 
-    def progress(self, updates: dict[str, tuple[list[int], list[float]]]) -> None:
-        """One call per engine step (or a few) for a whole replica; unknown ids (already finished) are skipped."""
-        for tid, (tokens, logprobs) in updates.items():
+    def progress(self, updates: dict[str, tuple]) -> None:
+        """One call per engine step (or a few) for a whole replica: per trajectory `(tokens, logprobs)`, or
+        `(tokens, logprobs, mask, tool)` with tool turns. Unknown ids (already finished) are skipped."""
+        for tid, update in updates.items():
             if tid in self.entries:
-                self.append(tid, tokens, logprobs)
+                self.append(tid, *update)
 
     def finish(self, traj_id: str) -> PartialTrajectory | None:
         """The trajectory reached the experience buffer; drop it from the frontier."""

@@ -21,6 +21,7 @@ def failure_counts() -> dict[str, int]:
         "recovered_trajectories": 0,
         "restarted_trajectories": 0,
         "restarted_groups": 0,
+        "tool_reruns": 0,  # tool calls run again because their result was lost with their replica
     }
 
 

@@ -4,7 +4,9 @@ neither their repack destination nor their source would take back.
 A group is trained only if all its samples come from one version, so placement is decided per group. If a live
 replica holds the group's version, the group's homeless samples continue there, all on one replica: in-flight
 ones from the tokens the partial pool holds (tokens made after their last progress report are made again,
-identically, since a sampling stream depends only on its seed and position), never-begun ones from their prompt.
+identically, since a sampling stream depends only on its seed and position) and their tool turns (they go on after
+the last turn the pool knows; a call they waited for whose result is not known runs again), never-begun ones from
+their prompt.
 Otherwise the whole group starts over from its prompt on one replica at that replica's version (counted), and
 the buffer forgets the samples it held of it.
 """
@@ -16,8 +18,8 @@ from dataclasses import dataclass, field
 from laminar.data.partial_pool import PartialTrajectory
 from laminar.data.records import PromptGroup
 
-# A sample to place: its index in the group, the tokens and log-probs it keeps (empty: from its prompt).
-Sample = tuple[int, list[int], list[float]]
+# A sample to place: its index in the group and what the partial pool holds of it (None: from its prompt).
+Sample = tuple[int, PartialTrajectory | None]
 
 
 @dataclass
@@ -69,13 +71,10 @@ def plan_recovery(work: list[GroupWork], live: dict[int, int]) -> list[Placement
             return []
         target, version, restart = chosen
         if restart:
-            samples: list[Sample] = [(i, [], []) for i in range(w.group.n)]
+            samples: list[Sample] = [(i, None) for i in range(w.group.n)]
         else:
-            samples = [
-                (e.sample_idx, e.response_ids, e.logprobs)
-                for e in sorted(w.homeless, key=lambda e: e.sample_idx)
-            ]
-            samples += [(i, [], []) for i in sorted(w.unstarted)]
+            samples = [(e.sample_idx, e) for e in sorted(w.homeless, key=lambda e: e.sample_idx)]
+            samples += [(i, None) for i in sorted(w.unstarted)]
         load[target] += len(samples)
         out.append(Placement(target, w.group, version, samples, restart))
     return out

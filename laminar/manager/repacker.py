@@ -14,7 +14,6 @@ from typing import Any
 
 import ray
 
-from laminar.data.partial_pool import PartialTrajectory
 from laminar.data.records import PromptGroup
 from laminar.manager.fleet import Fleet
 from laminar.manager.repack import ReplicaLoad, plan_repack
@@ -58,7 +57,7 @@ def load_of(snapshot: dict[str, Any]) -> ReplicaLoad:
         replica=snapshot["replica"],
         version=snapshot["version"],
         waiting=snapshot["waiting"],
-        running=snapshot["running"],
+        running=snapshot["running"] + snapshot.get("parked", 0),  # a request waiting for its tool moves too
         kv_blocks_used=snapshot["kv_used"],
         kv_blocks_total=snapshot["kv_total"],
         peak_kv_blocks=snapshot["peak_kv"],
@@ -200,21 +199,10 @@ class RepackLoop:
         for dst, group in done.moved:
             fleet.owe(dst, group)
         if done.orphans:
-            # from the tokens the partial pool holds, so its record stays whole; the rest is made again
-            homeless = [
-                PartialTrajectory(
-                    exported.request_id,
-                    state.group.group_id,
-                    state.sample_idx,
-                    state.group.n,
-                    list(state.group.prompt_ids),
-                    state.version,
-                    replica=-1,
-                    response_ids=list(exported.output_token_ids[: state.reported]),
-                    logprobs=list(exported.logprobs[: state.reported]),
-                    meta=dict(state.group.meta),
-                )
-                for exported, state in done.orphans
-            ]
+            # from what the partial pool holds (tokens, mask and tool turns), so its record stays whole; the rest
+            # is made again
+            ids = {exported.request_id for exported, _ in done.orphans}
+            groups = sorted({state.group.group_id for _, state in done.orphans})
+            homeless = [e for e in await self.partial_pool.of_groups.remote(groups) if e.traj_id in ids]
             placed = await self.place(homeless, {s.group.group_id: s.group for _, s in done.orphans})
             fleet.event("recovery", orphans=len(homeless), **placed)

@@ -43,19 +43,38 @@ def repeated_failure(signatures: list[str], in_a_row: int) -> bool:
 
 def engine_items(p: Placement, sampling: dict[str, Any], run_seed: int, now: float) -> list[tuple[Any, Any]]:
     """A placement as the engine imports it: each sample with its own sampling stream (seeded by its id, so it
-    continues exactly), its tokens so far, and the replica-side record of it."""
+    continues exactly), its tokens so far with their loss mask, its tool state (parked on its call if it waited
+    for one), and the replica-side record of it."""
     from laminar.engine import ExportedRequest, SamplingParams
     from laminar.rollout.inflight import InFlight, sample_seed
+    from laminar.tools.turns import TurnState
 
     g, v, items = p.group, p.version, []
-    for idx, tokens, logprobs in p.samples:
+    for idx, e in p.samples:
         tid = g.traj_id(idx)
+        tokens, logprobs = (list(e.response_ids), list(e.logprobs)) if e is not None else ([], [])
+        mask = list(e.loss_mask) if e is not None and len(e.loss_mask) == len(tokens) else []
+        tool = TurnState.of(e.tool) if e is not None and e.tool is not None else None
         params = SamplingParams(seed=sample_seed(run_seed, tid), **{**sampling, **g.meta.get("sampling", {})})
         exported = ExportedRequest(
-            tid, list(g.prompt_ids), list(tokens), list(logprobs), [v] * len(tokens), params, v
+            tid,
+            list(g.prompt_ids),
+            tokens,
+            logprobs,
+            [v] * len(tokens),
+            params,
+            v,
+            output_mask=mask,
+            parked=tool is not None and tool.parked,
         )
-        items.append((exported, InFlight(g, idx, v, now, list(tokens), list(logprobs), reported=len(tokens))))
+        state = InFlight(g, idx, v, now, list(tokens), list(logprobs), reported=len(tokens), tool=tool)
+        items.append((exported, state))
     return items
+
+
+def lost_calls(items: list[tuple[Any, Any]]) -> int:
+    """Tool calls these recovered samples waited for whose result was lost: their new replica runs them again."""
+    return sum(s.tool is not None and s.tool.parked and s.tool.result is None for _, s in items)
 
 
 @dataclass(frozen=True)
@@ -218,7 +237,7 @@ class Supervisor:
         that changed version before the import refuses it; the group is planned again (bounded). The caller
         holds `fleet.placing`."""
         fleet = self.fleet
-        done = {"recovered": 0, "restarted": 0, "restarted_groups": 0}
+        done = {"recovered": 0, "restarted": 0, "restarted_groups": 0, "tool_reruns": 0}
         by_group: dict[int, list[PartialTrajectory]] = {}
         for e in homeless:
             by_group.setdefault(e.group_id, []).append(e)
@@ -255,6 +274,7 @@ class Supervisor:
                 if kept:
                     await self.partial_pool.move.remote(kept, p.replica)
                 done["recovered"] += len(kept)
+                done["tool_reruns"] += lost_calls(items)
                 done["restarted"] += len(fresh)
                 done["restarted_groups"] += p.restart
                 fleet.owe(p.replica, p.group)
@@ -265,6 +285,7 @@ class Supervisor:
         fleet.failures["recovered_trajectories"] += done["recovered"]
         fleet.failures["restarted_trajectories"] += done["restarted"]
         fleet.failures["restarted_groups"] += done["restarted_groups"]
+        fleet.failures["tool_reruns"] += done["tool_reruns"]
         return done
 
     async def _group_work(

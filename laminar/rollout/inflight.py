@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from laminar.data.records import PromptGroup
+
+if TYPE_CHECKING:
+    from laminar.tools.turns import TurnState
 
 
 def sample_seed(run_seed: int, traj_id: str) -> int:
@@ -24,3 +28,4 @@ class InFlight:
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     reported: int = 0  # tokens already sent to the partial response pool
+    tool: TurnState | None = None  # its tool state while it moves between replicas (export to import)

@@ -25,6 +25,9 @@ from laminar.rewards.loader import ScoringPool
 from laminar.rollout.inflight import InFlight, sample_seed
 
 SCORE_WORKERS = 4  # threads a replica scores finished trajectories on
+# How long an export waits for the tool calls of the requests it moves (off the decode loop). A call still running
+# after that keeps its request here: a tool runs once per turn, and only recovery may run one again.
+TOOL_EXPORT_WAIT_S = 1.0
 
 
 def describe_error(exc: BaseException) -> tuple[str, str]:
@@ -34,6 +37,35 @@ def describe_error(exc: BaseException) -> tuple[str, str]:
     where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
     line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
     return line, f"{type(exc).__name__} at {where}"
+
+
+def export_request(engine: Any, tools: Any, rid: str) -> tuple[Any, Any]:
+    """A request out of this replica with its tool state (`TurnState`, or None without tools): a parked one goes
+    with its pending call and, once the call is back, its result. Raises while its call still runs."""
+    tool = tools.export(rid) if tools is not None else None
+    return engine.export_request(rid), tool
+
+
+def import_request(engine: Any, tools: Any, exported: Any, tool: Any) -> None:
+    """A moved or recovered request into this replica; one parked on a call resumes with the call's result when it
+    came with it, else the call runs again here (counted in `tools.reruns`)."""
+    rid = exported.request_id
+    if exported.parked and (tools is None or tool is None or not tool.parked):
+        raise ValueError(f"request {rid!r} is parked on a tool call but came without that call")
+    engine.import_request(exported)
+    if tools is not None and tool is not None:
+        tools.import_(rid, tool)
+
+
+def progress_update(engine: Any, tools: Any, rid: str, reported: int) -> tuple:
+    """What the partial response pool gets of a request past its first `reported` tokens: the tokens and their
+    log-probs, and with tools their loss mask and the tool state they end in."""
+    tokens, logprobs = engine.progress(rid)
+    if tools is None:
+        return tokens[reported:], logprobs[reported:]
+    tool = tools.state(rid)
+    mask = engine.output_mask(rid)[reported:]
+    return tokens[reported:], logprobs[reported:], mask, tool.as_dict() if tool is not None else None
 
 
 @dataclass
@@ -132,14 +164,25 @@ class RolloutReplica:
         self.commands.put(cmd)
         return cmd.done.result(timeout=timeout_s or self.timeout_s)
 
-    def export_requests(self, request_ids: list[str]) -> list[tuple[Any, InFlight]]:
+    def export_requests(
+        self, request_ids: list[str], wait_s: float = TOOL_EXPORT_WAIT_S
+    ) -> list[tuple[Any, InFlight]]:
+        """Remove these requests (those still here) with their tool state: a parked one goes with its pending
+        call and, once the call is back, its result. Their running calls are waited for up to `wait_s`, on the
+        caller's thread while the loop decodes on; a request whose call is still running after that stays."""
+        if self.tools is not None:
+            running = self.run_in_loop(lambda: self.tools.running(request_ids))
+            cf.wait(running, timeout=wait_s)
+
         def export() -> list[tuple[Any, InFlight]]:
             out = []
             for rid in request_ids:
-                if rid in self.inflight and not (self.tools is not None and self.tools.busy(rid)):
-                    out.append((self.engine.export_request(rid), self.inflight.pop(rid)))
-                    if self.tools is not None:
-                        self.tools.forget(rid)
+                if rid not in self.inflight or (self.tools is not None and self.tools.busy(rid)):
+                    continue
+                exported, tool = export_request(self.engine, self.tools, rid)
+                state = self.inflight.pop(rid)
+                state.tool = tool
+                out.append((exported, state))
             return out
 
         return self.run_in_loop(export)
@@ -155,7 +198,8 @@ class RolloutReplica:
                 if state.version != self.engine.version:
                     refused.append(rid)
                     continue
-                self.engine.import_request(exported)
+                tool, state.tool = state.tool, None
+                import_request(self.engine, self.tools, exported, tool)
                 self.inflight[rid] = state
             return refused
 
@@ -176,6 +220,7 @@ class RolloutReplica:
             "version": stats.version,
             "waiting": stats.waiting,
             "running": stats.running,
+            "parked": stats.parked,  # waiting for a tool call: out of the batch, still this replica's work
             "kv_used": stats.kv_blocks_used,
             "kv_total": stats.kv_blocks_total,
             "peak_kv": stats.peak_kv_blocks,
@@ -183,11 +228,12 @@ class RolloutReplica:
             "busy_s": round(self.busy_s, 4),
             "inflight": sorted(r for r, st in self.inflight.items() if not is_eval(st.group.group_id)),
             # evaluation requests finish where they started: repack never moves them
-            "requests": [
+            "requests": [  # parked ones too: an export waits for their calls
                 (rid, self._blocks(rid))
                 for rid, st in sorted(self.inflight.items())
-                if not is_eval(st.group.group_id) and not (self.tools is not None and self.tools.busy(rid))
-            ],  # a request waiting for its tool call stays: the call's result comes back here
+                if not is_eval(st.group.group_id)
+            ],
+            "tool_reruns": self.tools.reruns if self.tools is not None else 0,
             "error": self.error,
             "error_line": self.error_line,
             "error_kind": self.error_kind,
@@ -285,9 +331,12 @@ class RolloutReplica:
                 self.tools.after_step(self.engine, out)
                 for fin in self.tools.poll(self.engine, wait_s=0.0 if out.new_tokens else 0.02):
                     self._finish(fin)
+                changed = self.tools.changed()
+                if changed:  # the pool learns every call made and every result given at once
+                    self._report_progress(changed)
             steps += 1
             if steps % self.progress_every == 0:
-                self._report_progress(out)
+                self._report_progress()
                 if self.interrupt_on_update:
                     self._resume_on_newer_version()
             self._beat(force=steps == 2)  # one sample of every batch at full KV, right after its prefill
@@ -318,18 +367,19 @@ class RolloutReplica:
                     self.engine.import_request(e)
         self._newest_ref = self.relay.newest_version.remote()
 
-    def _report_progress(self, out: Any) -> None:
+    def _report_progress(self, rids: set[str] | None = None) -> None:
+        """New tokens (with log-probs and loss mask) to the partial response pool, with the tool state they end
+        in: a recovery continues after the last turn the pool knows, with the result of its call if that came
+        back. `rids`: these requests (their tool state changed), reported even with no new token."""
         updates = {}
-        for rid, state in self.inflight.items():
-            if is_eval(state.group.group_id):
+        for rid in self.inflight if rids is None else rids:
+            state = self.inflight.get(rid)
+            if state is None or is_eval(state.group.group_id):
                 continue
-            tokens, logprobs = self.engine.progress(rid)
-            first = self.tools.first_context(rid) if self.tools is not None else None
-            if first is not None:  # the pool keeps model tokens only: a recovery restarts from the first call
-                tokens, logprobs = tokens[:first], logprobs[:first]
-            if len(tokens) > state.reported:
-                updates[rid] = (tokens[state.reported :], logprobs[state.reported :])
-                state.reported = len(tokens)
+            update = progress_update(self.engine, self.tools, rid, state.reported)
+            if update[0] or rids is not None:
+                updates[rid] = update
+                state.reported += len(update[0])
         if updates:
             self.partial_pool.progress.remote(updates)
 

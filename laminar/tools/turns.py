@@ -5,14 +5,19 @@ The decode loop never waits for a tool: a parked request is out of the engine's 
 and the loop looks for finished calls between engine steps (`ToolTurns.poll`). The tool's output goes back as
 context tokens (rendered by `render`, e.g. through the chat template's tool role), which the engine prefills
 after the cached prefix and which are never trained on (their mask is 0).
+
+A request's tool state travels with its tokens (`TurnState`: repack, export/import, the partial response pool): the
+call it is parked on and, once that call has come back, its result, so the receiving replica resumes it with the
+result instead of running the call again. Only a call whose result was lost (its replica died while it ran) runs
+again; `ToolTurns.reruns` counts those.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from laminar.tools.registry import ToolCall, ToolFn, parse_tool_call, run_tool_call
@@ -22,18 +27,52 @@ CALL_ENDS = ("`", ">")  # a fenced block or a </tool_call> closes on one of thes
 
 
 @dataclass
-class Turn:
-    """One request's tool state: where its current model turn starts (in its output), how many calls it has
-    made, and the call in flight."""
+class TurnState:
+    """A request's tool state, plain values only: where its current model turn starts (in its output), how many
+    calls it has made, how many context tokens it was given, and the call it is parked on (`call`, or a scripted
+    call's `scripted_ids` and `latency_s`) with that call's `result` once it has come back."""
 
     start: int = 0
     calls: int = 0
-    pending: cf.Future | None = None
-    waited_s: float = 0.0  # time spent parked, all calls told
-    parked_at: float = 0.0
-    first_call_end: int | None = None  # output length when the first call closed (before any context)
     context: int = 0  # context tokens appended so far (outputs minus these are the sampled tokens)
+    waited_s: float = 0.0  # time spent parked, all calls told
+    call: ToolCall | None = None
     scripted_ids: list[int] | None = None  # a scripted call's output, given as tokens
+    latency_s: float = 0.0  # a scripted call's
+    result: ToolResult | None = None
+
+    @property
+    def parked(self) -> bool:
+        """It waits for a call (its result may be known already)."""
+        return self.call is not None or self.scripted_ids is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (the partial response pool keeps it, and checkpoints it)."""
+        return asdict(self)
+
+    @classmethod
+    def of(cls, d: dict[str, Any]) -> TurnState:
+        d = dict(d)
+        if d.get("call") is not None:
+            d["call"] = ToolCall(**d["call"])
+        if d.get("result") is not None:
+            d["result"] = ToolResult(**d["result"])
+        return cls(**d)
+
+
+@dataclass
+class Turn(TurnState):
+    """A request's tool state on this replica: its state plus the call in flight."""
+
+    pending: cf.Future | None = None
+    parked_at: float = 0.0
+
+    def state(self) -> TurnState:
+        """What travels: the state, with the call's result if it is back (not yet given to the request)."""
+        plain = {f.name: getattr(self, f.name) for f in fields(TurnState)}
+        if self.pending is not None and self.pending.done():
+            plain["result"] = self.pending.result()
+        return TurnState(**plain)
 
 
 @dataclass
@@ -56,6 +95,8 @@ class ToolTurns:
     turns: dict[str, Turn] = field(default_factory=dict)
     calls: int = 0
     errors: int = 0
+    reruns: int = 0  # calls run again here because their result was lost with another replica
+    _changed: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="tool")
@@ -77,28 +118,28 @@ class ToolTurns:
                 calls_at = script["calls_at"]
                 if turn.calls >= len(calls_at) or len(output) - turn.context < calls_at[turn.calls]:
                     continue
-                latency = float(script["latency_s"][turn.calls])
+                turn.latency_s = float(script["latency_s"][turn.calls])
                 turn.scripted_ids = [self.script_token] * int(script["output_tokens"])
-                self._park(engine, rid, turn, len(output), self.pool.submit(_scripted_call, latency))
+                self._park(engine, rid, turn)
                 continue
-            call = self._find_call(output[turn.start :], new)
-            if call is not None:
-                self._park(
-                    engine,
-                    rid,
-                    turn,
-                    len(output),
-                    self.pool.submit(run_tool_call, call, self.tools, self.limits),
-                )
+            turn.call = self._find_call(output[turn.start :], new)
+            if turn.call is not None:
+                self._park(engine, rid, turn)
 
-    def _park(self, engine: Any, rid: str, turn: Turn, length: int, call: cf.Future) -> None:
+    def _park(self, engine: Any, rid: str, turn: Turn) -> None:
         engine.park(rid)
-        if turn.first_call_end is None:
-            turn.first_call_end = length
         turn.calls += 1
+        self._run(rid, turn)
+
+    def _run(self, rid: str, turn: Turn) -> None:
+        """Start the call the request is parked on."""
+        if turn.scripted_ids is not None:
+            turn.pending = self.pool.submit(_scripted_call, turn.latency_s)
+        else:
+            turn.pending = self.pool.submit(run_tool_call, turn.call, self.tools, self.limits)
         turn.parked_at = time.monotonic()
-        turn.pending = call
         self.calls += 1
+        self._changed.add(rid)
 
     def poll(self, engine: Any, wait_s: float = 0.0) -> list[Any]:
         """Resume every request whose tool call has come back (waiting up to `wait_s` for one when nothing else
@@ -116,9 +157,10 @@ class ToolTurns:
             result: ToolResult = fut.result()
             self.errors += not result.ok
             if turn.scripted_ids is not None:
-                ids, turn.scripted_ids = turn.scripted_ids, None
+                ids = turn.scripted_ids
             else:
                 ids = self.render(result.text)[: self.max_output_tokens]
+            turn.call, turn.scripted_ids, turn.result = None, None, None
             fin = engine.resume(rid, ids)
             if fin is not None:
                 ended.append(fin)
@@ -126,27 +168,63 @@ class ToolTurns:
             else:
                 turn.context += len(ids)
                 turn.start = len(engine.progress(rid)[0])
+                self._changed.add(rid)
         return ended
 
-    # ---- bookkeeping ---------------------------------------------------------------------------------------
+    # ---- moving a request ---------------------------------------------------------------------------------
     def busy(self, rid: str) -> bool:
-        """A call of this request is running: it cannot be moved (its result comes back here)."""
+        """A call of this request is still running: it cannot be moved yet (its result comes back here)."""
         turn = self.turns.get(rid)
-        return turn is not None and turn.pending is not None
+        return turn is not None and turn.pending is not None and not turn.pending.done()
 
+    def running(self, rids: Iterable[str]) -> list[cf.Future]:
+        """The calls of these requests still running (a mover waits on them, off the decode loop)."""
+        return [t.pending for r in rids if (t := self.turns.get(r)) is not None and self.busy(r)]
+
+    def state(self, rid: str) -> TurnState | None:
+        """The request's tool state now (None before it sampled a token here)."""
+        turn = self.turns.get(rid)
+        return None if turn is None else turn.state()
+
+    def export(self, rid: str) -> TurnState | None:
+        """Hand the request's tool state over (its engine request is exported beside it). A call still running
+        cannot go: its result would come back to a replica that no longer holds the request."""
+        if self.busy(rid):
+            raise RuntimeError(f"request {rid!r}: its tool call is still running; wait for it before export")
+        turn = self.turns.pop(rid, None)
+        self._changed.discard(rid)
+        return None if turn is None else turn.state()
+
+    def import_(self, rid: str, state: TurnState) -> None:
+        """Take over a request's tool state (its engine request is imported beside it, parked if it waits for a
+        call). A known result resumes it at the next `poll`; a call whose result was lost runs again here,
+        counted in `reruns`."""
+        turn = Turn(**{f.name: getattr(state, f.name) for f in fields(TurnState)})
+        self.turns[rid] = turn
+        if not turn.parked:
+            return
+        if turn.result is not None:
+            turn.pending = cf.Future()
+            turn.pending.set_result(turn.result)
+            turn.parked_at = time.monotonic()
+        else:
+            self.reruns += 1
+            self._run(rid, turn)
+
+    # ---- bookkeeping ---------------------------------------------------------------------------------------
     def has_pending(self) -> bool:
         return any(t.pending is not None for t in self.turns.values())
 
     def forget(self, rid: str) -> Turn | None:
         """The request finished, moved or was dropped; its turn state goes with it."""
+        self._changed.discard(rid)
         return self.turns.pop(rid, None)
 
-    def first_context(self, rid: str) -> int | None:
-        """Where the request's first tool output starts in its output (None before its first call): progress
-        reported past it could not be recovered exactly (the partial pool keeps model tokens only, so a
-        recovered trajectory restarts from its first call and runs the tool again)."""
-        turn = self.turns.get(rid)
-        return None if turn is None else turn.first_call_end
+    def changed(self) -> set[str]:
+        """Requests that parked on a call or resumed from one since the last ask (the replica reports them to the
+        partial response pool at once, so a recovery knows every call made and every result given)."""
+        out, self._changed = self._changed, set()
+        return out
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from laminar.data.partial_pool import PartialPool
@@ -52,3 +54,20 @@ def test_errors_name_the_trajectory():
         pool.append("9:0", [1], [0.0])
     with pytest.raises(ValueError, match="2 tokens but 1 log-probs"):
         pool.append("1:0", [1, 2], [0.0])
+
+
+def test_tool_turns_keep_their_mask_and_tool_state_through_a_checkpoint():
+    pool = PartialPool()
+    pool.start(PromptGroup(7, [1, 2], n=1), replica=0, version=4)
+    pool.progress({"7:0": ([3, 4], [-0.1, -0.2])})  # before its first call: sampled tokens only
+    parked = {"calls": 1, "call": {"name": "python", "arguments": "1+1", "raw": "", "error": ""}}
+    pool.progress({"7:0": ([5], [-0.3], [1], parked)})
+    pool.progress({"7:0": ([8, 8], [0.0, 0.0], [0, 0], {"calls": 1, "call": None})})  # the output, resumed
+    pool.progress({"7:0": ([6], [-0.4])})  # a later report without tools: sampled, state as it was
+    restored = PartialPool()
+    restored.restore(json.loads(json.dumps(pool.snapshot())))
+    e = restored.get("7:0")
+    assert e.response_ids == [3, 4, 5, 8, 8, 6] and e.loss_mask == [1, 1, 1, 0, 0, 1]
+    assert e.tool == {"calls": 1, "call": None}
+    with pytest.raises(ValueError, match="a mask of 1"):
+        pool.append("7:0", [1, 2], [0.0, 0.0], [1])

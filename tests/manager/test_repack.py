@@ -13,6 +13,7 @@ from laminar.manager.repack import (
     plan_first_fit,
     plan_repack,
 )
+from laminar.manager.repacker import load_of
 
 
 def _replica(
@@ -161,3 +162,14 @@ def test_max_released_caps_the_plan() -> None:
     assert len(capped.released) == 2
     assert {m.source for m in capped.moves} == set(capped.released)
     assert plan_repack(loads, batch_limit_b=8, max_released=0) == RepackPlan()
+
+
+def test_a_replica_whose_tails_wait_for_tools_is_a_repack_source():
+    """Requests parked on a tool call are out of the decode batch but still the replica's work: they count as
+    running for the planner, so a replica left with only those is packed away like any other tail."""
+    snap = {"replica": 1, "version": 2, "waiting": 0, "running": 0, "parked": 2, "kv_used": 4, "kv_total": 64}
+    load = load_of({**snap, "peak_kv": 10, "requests": [("7:0", 2), ("7:1", 2)]})
+    assert load.running == 2 and load.requests == (("7:0", 2), ("7:1", 2))
+    busy = ReplicaLoad(2, 2, 0, 3, 20, 64, 30, (("8:0", 5), ("8:1", 5), ("8:2", 5)))
+    plan = plan_repack([load, busy], batch_limit_b=16, kv_capacity_frac=0.9)
+    assert plan.released == (1,) and {m.request_id for m in plan.moves} == {"7:0", "7:1"}
