@@ -84,8 +84,13 @@ class SimConfig:
             raise ValueError(
                 f"sampler={self.sampler!r}; valid: {', '.join(SAMPLERS)} (the experience buffer's built-in samplers)"
             )
-        if self.max_lag < -1:
-            raise ValueError(f"max_lag={self.max_lag} must be -1 (no bound) or >= 0")
+        if self.max_lag < -1 or self.repack_max_age < -1:
+            name = "max_lag" if self.max_lag < -1 else "repack_max_age"
+            raise ValueError(f"{name}={getattr(self, name)} must be -1 (none) or >= 0")
+        if self.repack_capped_batch_limit < 0:
+            raise ValueError(
+                f"repack_capped_batch_limit={self.repack_capped_batch_limit} must be >= 0 (0 = B)"
+            )
         if self.max_ahead_batches < 1.0:
             raise ValueError(f"max_ahead_batches={self.max_ahead_batches} must be >= 1")
 
