@@ -138,6 +138,13 @@ class RepackConfig:
     # free only as many replicas as the dispatch rule has prompt groups for right now: packing slows the
     # packed tails, which pays only when a freed replica starts new work at once (false: free all it can)
     only_with_work: bool = True
+    # which tails the release cap packs first: false = the oldest versions', true = the newest versions' (the
+    # oldest, the staleness tail, keep running alone at their fastest)
+    newest_first: bool = False
+    max_age: int = -1  # leave replicas running work this many versions behind the trainer alone; -1 = none
+    # B when the gate caps a round below the replicas it could free (the dispatch bound, not the rollouts,
+    # limits the work): packing slows every packed tail and the few freed replicas gain little; 0 = batch_limit_b
+    capped_batch_limit_b: int = 0
 
 
 @dataclass
@@ -154,6 +161,9 @@ class ScheduleConfig:
     name: str = "laminar"
     staleness: int = 2  # k for stream / partial
     global_push: bool = False  # laminar ablation: wait for every relay to hold each version (a global push)
+    # laminar: a replica more than this many versions behind the trainer gets no new work until it pulls
+    # (0: every group starts on the newest version); -1 = no bound
+    max_lag: int = -1
 
 
 @dataclass
@@ -469,6 +479,14 @@ def validate(cfg: Config) -> None:
     _check(
         cfg.schedule.staleness >= 0, "schedule.staleness", cfg.schedule.staleness, "a non-negative integer"
     )
+    _check(
+        cfg.repack.capped_batch_limit_b >= 0,
+        "repack.capped_batch_limit_b",
+        cfg.repack.capped_batch_limit_b,
+        "0 (= batch_limit_b) or a running count",
+    )
+    _check(cfg.repack.max_age >= -1, "repack.max_age", cfg.repack.max_age, "-1 (none) or >= 0")
+    _check(cfg.schedule.max_lag >= -1, "schedule.max_lag", cfg.schedule.max_lag, "-1 (no bound) or >= 0")
     _check(cfg.run.timeout_s > 0, "run.timeout_s", cfg.run.timeout_s, "a positive number of seconds")
     k = cfg.task
     _check(k.max_turns >= 1, "task.max_turns", k.max_turns, "at least 1 (tool calls a trajectory may make)")

@@ -21,6 +21,7 @@ class Dispatcher:
         self.trainer_version = 0
         self.dispatched_groups = 0
         self.consumed_groups = 0
+        self.refused: set[int] = set()  # replicas refused work while there was room: they must pull first
         self.timeline: list[dict[str, Any]] = []
         self.stopped = False
         # (at least this version, groups left, a replica's share) in order
@@ -34,11 +35,14 @@ class Dispatcher:
         after re-checking its relay, so a new version is picked up while it waits)."""
         deadline = time.monotonic() + self.poll_s
         while not self.stopped:
+            self.refused.discard(replica)
             if groups := self._eval_work(replica, version):
                 return groups
             quota = self.dispatch.quota(
                 version, self.trainer_version, self.dispatched_groups, self.consumed_groups
             )
+            if quota <= 0 and self.dispatch.room(self.dispatched_groups, self.consumed_groups) > 0:
+                self.refused.add(replica)  # behind the trainer (`Dispatch.max_lag`): the room is its own
             if quota > 0:
                 # Reserve before awaiting: other replicas' requests run while this one waits for the pool.
                 self.dispatched_groups += quota
@@ -80,8 +84,11 @@ class Dispatcher:
         return []
 
     def replicas_with_work(self) -> int:
-        """How many freed replicas the dispatch rule would give work now (the repack gate)."""
-        return self.dispatch.replicas_with_work(self.dispatched_groups, self.consumed_groups)
+        """How many freed replicas the dispatch rule would give work now (the repack gate), less those already
+        idle and refused until they pull."""
+        return self.dispatch.replicas_with_work(
+            self.dispatched_groups, self.consumed_groups, len(self.refused)
+        )
 
     def heartbeat(self, snapshot: dict[str, Any], t: float) -> None:
         for err in snapshot.get("reward_errors", ()):

@@ -51,7 +51,15 @@ class RolloutManager:
         self.repack: RepackLoop | None = None
         if schedule.repack:
             p = cfg.repack
-            settings = RepackSettings(p.interval_s, p.batch_limit_b, p.kv_capacity, p.only_with_work)
+            settings = RepackSettings(
+                p.interval_s,
+                p.batch_limit_b,
+                p.kv_capacity,
+                p.only_with_work,
+                p.newest_first,
+                p.max_age,
+                p.capped_batch_limit_b,
+            )
             self.repack = RepackLoop(
                 self.fleet, settings, self.dispatcher, partial_pool, self.supervisor.place
             )

@@ -174,6 +174,8 @@ def _plan(
     sort_sources: bool,
     largest_first: bool,
     max_released: int | None,
+    newest_first: bool = False,
+    min_version: int | None = None,
 ) -> RepackPlan:
     if batch_limit_b < 1:
         raise ValueError(f"batch_limit_b={batch_limit_b} must be >= 1")
@@ -184,10 +186,11 @@ def _plan(
     budget = len(list(loads)) if max_released is None else max_released
     groups: dict[int, list[ReplicaLoad]] = defaultdict(list)
     for r in sorted(idle_replicas(loads, batch_limit_b), key=lambda r: r.replica):
-        groups[r.version].append(r)
+        if min_version is None or r.version >= min_version:
+            groups[r.version].append(r)
     moves: list[Move] = []
     released: list[int] = []
-    for version in sorted(groups):
+    for version in sorted(groups, reverse=newest_first):
         if len(groups[version]) < 2 or len(released) >= budget:
             continue
         bins = _bins(groups[version], kv_capacity_frac)
@@ -203,6 +206,9 @@ def plan_repack(
     batch_limit_b: int,
     kv_capacity_frac: float = 0.9,
     max_released: int | None = None,
+    newest_first: bool = False,
+    min_version: int | None = None,
+    capped_batch_limit_b: int = 0,
 ) -> RepackPlan:
     """Best-fit repack inside each weight-version group, maximising the replicas released.
 
@@ -216,17 +222,25 @@ def plan_repack(
 
     `max_released` caps the replicas freed (the manager passes how many it has prompts for): packing slows
     the packed tails, which pays only when a freed GPU has new work. The newest versions' groups go last,
-    so the cap is spent on the oldest trajectories first.
+    so the cap is spent on the oldest trajectories first; with `newest_first` they go first instead, so the
+    oldest trajectories, the staleness tail, keep running alone at their fastest. Replicas running a version
+    older than `min_version` are left alone (neither source nor destination).
+
+    `capped_batch_limit_b` (0 = B): the running limit when `max_released` caps the round below the replicas
+    it could free, i.e. when the dispatch bound, not the rollouts, limits the work: then the few freed
+    replicas gain little and every packed tail slows, so tails are packed only this far.
     """
     loads = list(loads)
+    if capped_batch_limit_b and max_released is not None:
+        if max_released < len(idle_replicas(loads, batch_limit_b)):
+            batch_limit_b = min(batch_limit_b, capped_batch_limit_b)
     args = (loads, batch_limit_b, kv_capacity_frac)
-    plans = [_plan(*args, _best_fit, sort_sources=True, largest_first=True, max_released=max_released)]
+    order = {"max_released": max_released, "newest_first": newest_first, "min_version": min_version}
+    plans = [_plan(*args, _best_fit, sort_sources=True, largest_first=True, **order)]
     if max_released is not None and len(plans[0].released) >= max_released:
         return plans[0]  # nothing can release more
-    plans.append(
-        _plan(*args, _best_fit_relative, sort_sources=True, largest_first=True, max_released=max_released)
-    )
-    plans.append(_plan(*args, _first_fit, sort_sources=False, largest_first=False, max_released=max_released))
+    plans.append(_plan(*args, _best_fit_relative, sort_sources=True, largest_first=True, **order))
+    plans.append(_plan(*args, _first_fit, sort_sources=False, largest_first=False, **order))
     return max(plans, key=lambda p: (len(p.released), -len(p.moves)))
 
 

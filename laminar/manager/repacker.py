@@ -82,6 +82,9 @@ async def repack_once(
     stats: RepackStats,
     partial_pool: Any,
     max_released: int | None = None,
+    newest_first: bool = False,
+    min_version: int | None = None,
+    capped_batch_limit_b: int = 0,
 ) -> RepackRound:
     """One repack round. `max_released` caps the replicas freed (the manager passes how many it has work for).
     Nothing exported is dropped: what the destination refuses goes back to its source, and what the source
@@ -92,6 +95,9 @@ async def repack_once(
         batch_limit_b=batch_limit_b,
         kv_capacity_frac=kv_capacity,
         max_released=max_released,
+        newest_first=newest_first,
+        min_version=min_version,
+        capped_batch_limit_b=capped_batch_limit_b,
     )
     out = RepackRound()
     if not plan.moves:
@@ -138,6 +144,9 @@ class RepackSettings:
     batch_limit_b: int = 16  # B: decode batch past which throughput stops growing
     kv_capacity: float = 0.9  # C_max as a fraction of a replica's KV blocks
     only_with_work: bool = True  # free a replica only when the dispatch rule has work for it
+    newest_first: bool = False  # the release cap goes to the newest versions' tails first
+    max_age: int = -1  # leave replicas running work this many versions behind the trainer alone; -1 = none
+    capped_batch_limit_b: int = 0  # B when the gate caps a round below what it could free; 0 = batch_limit_b
 
 
 class RepackLoop:
@@ -178,6 +187,12 @@ class RepackLoop:
         async with self.fleet.placing:
             await self.round(max_released)
 
+    def min_version(self) -> int | None:
+        """The oldest version repack may touch (`max_age`): older trajectories are the staleness tail, and
+        packing them would slow them further."""
+        age = self.settings.max_age
+        return None if age < 0 else self.dispatcher.trainer_version - age + 1
+
     async def round(self, max_released: int | None) -> None:
         """Moved groups are owed by their destination too (so its death recovers them with their row), and
         moves neither end would take go through recovery. The caller holds `fleet.placing`."""
@@ -193,6 +208,9 @@ class RepackLoop:
             stats=self.stats,
             partial_pool=self.partial_pool,
             max_released=max_released,
+            newest_first=self.settings.newest_first,
+            min_version=self.min_version(),
+            capped_batch_limit_b=self.settings.capped_batch_limit_b,
         )
         now = time.time() - fleet.t0
         fleet.events.extend({**e, "t": now} for e in done.events)

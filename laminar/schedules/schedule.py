@@ -53,7 +53,8 @@ class Schedule:
         elif name in ("stream", "partial"):
             rule = Dispatch(cfg.rollout.groups_per_batch, cap, g, ahead=cfg.schedule.staleness)
         elif name == "laminar":
-            rule = Dispatch(cfg.rollout.groups_per_batch, cap, g)
+            lag = cfg.schedule.max_lag
+            rule = Dispatch(cfg.rollout.groups_per_batch, cap, g, max_lag=None if lag < 0 else lag)
         else:
             raise ValueError(f"schedule.name={name!r}; valid: {' | '.join(NAMES)}")
         laminar = name == "laminar"

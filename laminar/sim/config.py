@@ -42,12 +42,17 @@ class SimConfig:
     steps: int = 100  # trainer steps to simulate
     warmup_steps: int = 3  # steps left out of the throughput window
     staleness_k: int = 4  # stream / partial: most versions a consumed trajectory may lag
-    max_ahead_batches: float = 2.0  # laminar: groups dispatched and not yet trained, in global batches
+    # Laminar's dispatch policy (issue 14; the runtime's defaults differ, see results/sim/README.md):
+    max_ahead_batches: float = 3.0  # groups dispatched and not yet trained, in global batches (trainer steps)
+    max_lag: int = 0  # `schedule.max_lag`: new work only for replicas holding the trainer's version (-1: any)
     replica_fill: float = 1.0  # laminar: a replica's prompt batch fills this share of max_num_seqs
     repack_interval_s: float = 5.0
     repack_kv_frac: float = 0.9
     repack_batch_limit: int = 0  # B; 0 = from the cost model
     repack_only_with_work: bool = True  # free only as many replicas as have a batch waiting (the runtime's)
+    repack_newest_first: bool = True  # `repack.newest_first`: the release cap packs the newest tails first
+    repack_max_age: int = 3  # `repack.max_age`: leave replicas this many versions behind alone; -1 = none
+    repack_capped_batch_limit: int = 32  # `repack.capped_batch_limit_b`: B when the gate caps a round; 0 = B
     sampler: str = (
         "fifo"  # the experience buffer's sampler, by name (`laminar.data.experience_buffer.SAMPLERS`)
     )
@@ -78,6 +83,13 @@ class SimConfig:
         if self.sampler not in SAMPLERS:
             raise ValueError(
                 f"sampler={self.sampler!r}; valid: {', '.join(SAMPLERS)} (the experience buffer's built-in samplers)"
+            )
+        if self.max_lag < -1 or self.repack_max_age < -1:
+            name = "max_lag" if self.max_lag < -1 else "repack_max_age"
+            raise ValueError(f"{name}={getattr(self, name)} must be -1 (none) or >= 0")
+        if self.repack_capped_batch_limit < 0:
+            raise ValueError(
+                f"repack_capped_batch_limit={self.repack_capped_batch_limit} must be >= 0 (0 = B)"
             )
         if self.max_ahead_batches < 1.0:
             raise ValueError(f"max_ahead_batches={self.max_ahead_batches} must be >= 1")

@@ -84,6 +84,7 @@ def paper_experiment(
                 "laminar_throughput": lam["training_throughput"],
                 "laminar_trainer_gpus": lam["trainer_gpus"],
                 "laminar_staleness_mean": lam["staleness"]["mean"],
+                "laminar_staleness_p99": lam["staleness"]["p99"],
                 "laminar_staleness_max": lam["staleness"]["max"],
                 "speedup": {
                     s: lam["training_throughput"] / best[(m, g, s)]["training_throughput"] for s in compare
@@ -104,19 +105,21 @@ def paper_experiment(
 
 def speedup_table(rows: list[dict[str, Any]], cols: tuple[str, ...] = (*BASELINES, *ABLATIONS)) -> str:
     lines = [
-        "| model | GPUs | Laminar tok/s | trainer GPUs | staleness mean/max | " + " | ".join(cols) + " |",
+        "| model | GPUs | Laminar tok/s | trainer GPUs | staleness mean/p99/max | " + " | ".join(cols) + " |",
         "|---|---|---|---|---|" + "---|" * len(cols),
     ]
     for r in rows:
         cells = " | ".join(f"{r['speedup'][c]:.2f}x" for c in cols)
         lines.append(
             f"| {r['model']} | {r['gpus']} | {r['laminar_throughput']:,.0f} | {r['laminar_trainer_gpus']} | "
-            f"{r['laminar_staleness_mean']:.2f}/{r['laminar_staleness_max']} | {cells} |"
+            f"{r['laminar_staleness_mean']:.2f}/{r['laminar_staleness_p99']}/{r['laminar_staleness_max']} | {cells} |"
         )
     means = " | ".join(f"{sum(r['speedup'][c] for r in rows) / len(rows):.2f}x" for c in cols)
     maxes = " | ".join(f"{max(r['speedup'][c] for r in rows):.2f}x" for c in cols)
     lines.append(f"| **mean** | | | | | {means} |")
+    mins = " | ".join(f"{min(r['speedup'][c] for r in rows):.2f}x" for c in cols)
     lines.append(f"| **max** | | | | | {maxes} |")
+    lines.append(f"| **min** | | | | | {mins} |")
     paper = " | ".join(PAPER.get(c, "") for c in cols)
     lines.append(f"| **paper** | 1024 | | | | {paper} |")
     return "\n".join(lines) + "\n"

@@ -56,6 +56,7 @@ def schedule_of(cluster: Cluster) -> Schedule:
             f"rollout.replicas={max(1, len(cluster.live()))}",
             f"rollout.groups_per_batch={replica_groups(cluster, ahead_batches)}",
             f"buffer.capacity_groups={int(cfg.max_ahead_batches * g)}",
+            f"schedule.max_lag={cfg.max_lag}",
             *ablation,
         ],
     )
@@ -210,13 +211,14 @@ class RuntimeLoop(Base):
         """Snapshot the replicas, ask the project's planner, move trajectories, free the sources.
 
         With `repack_only_with_work` (the runtime's `repack.only_with_work`) only as many replicas are freed
-        as the dispatch rule has a batch for: packing slows the packed tails, which pays only when a freed
-        replica starts new work at once.
+        as the dispatch rule has a batch for, less the replicas already idle and asking (those refused until
+        they pull take the room first): packing slows the packed tails, which pays only when a freed replica
+        starts new work at once.
         """
         c, now = self.c, self.c.now
         max_released = None
         if self.cfg.repack_only_with_work:
-            max_released = self.rule.replicas_with_work(c.next_gid, c.consumed_groups)
+            max_released = self.rule.replicas_with_work(c.next_gid, c.consumed_groups, len(self.asking))
             if max_released == 0:
                 return
         block = c.cost.kv_block_tokens
@@ -241,11 +243,15 @@ class RuntimeLoop(Base):
             )
         if len(loads) < 2:
             return
+        age = self.cfg.repack_max_age
         plan = plan_repack(
             loads,
             batch_limit_b=self.batch_limit,
             kv_capacity_frac=self.cfg.repack_kv_frac,
             max_released=max_released,
+            newest_first=self.cfg.repack_newest_first,
+            min_version=None if age < 0 else self.manager_version - age + 1,
+            capped_batch_limit_b=self.cfg.repack_capped_batch_limit,
         )
         if not plan.moves:
             return

@@ -50,3 +50,38 @@ def test_an_evaluation_is_split_into_one_share_per_replica_however_the_replicas_
     assert d._eval_work(0, version=2) == []  # too old for it
     sizes = [len(asyncio.run(d.next_work(1, version=3))) for _ in range(2)]
     assert sizes == [5, 4] and d.evals == []
+
+
+def test_max_lag_gives_new_work_only_to_replicas_close_to_the_trainer():
+    """`schedule.max_lag` 0: a group starts on the trainer's newest version; the bound in trainer steps
+    (3 batches of 8 outstanding) still holds; without `max_lag` any version may work."""
+    from laminar.config import load_config
+    from laminar.schedules.schedule import Schedule
+
+    rule = Dispatch(groups_per_batch=4, max_outstanding_groups=24, groups_per_step=8, max_lag=0)
+    assert rule.quota(2, 3, dispatched=24, consumed=24) == 0  # one version behind: pull first
+    assert rule.quota(3, 3, dispatched=24, consumed=24) == 4
+    assert rule.quota(3, 3, dispatched=48, consumed=24) == 0  # 3 steps' groups in flight
+    assert Dispatch(4, 24, 8, max_lag=1).quota(2, 3, dispatched=24, consumed=24) == 4
+    assert Dispatch(4, 24, 8).quota(0, 3, dispatched=24, consumed=24) == 4
+    built = Schedule.from_config(load_config(None, ["schedule.max_lag=0"])).dispatch
+    assert built.max_lag == 0 and built.ahead is None
+    assert Schedule.from_config(load_config(None, [])).dispatch.max_lag is None  # the runtime's default
+
+
+def test_repack_gate_leaves_the_room_to_replicas_already_asking():
+    """Replicas refused until they pull (max_lag) take the room first: repack frees only what is left."""
+    import asyncio
+
+    from laminar.manager.dispatcher import Dispatcher
+    from laminar.manager.fleet import Fleet
+
+    rule = Dispatch(groups_per_batch=4, max_outstanding_groups=24, max_lag=0)
+    assert rule.replicas_with_work(dispatched=24, consumed=8, waiting=1) == 1
+    assert rule.replicas_with_work(dispatched=24, consumed=8, waiting=3) == 0
+    d = Dispatcher(Fleet(t0=0.0), prompt_pool=None, dispatch=rule)
+    d.trainer_update(version=2, consumed_groups=8)
+    d.dispatched_groups = 24
+    assert d.replicas_with_work() == 2
+    assert asyncio.run(d.next_work(0, version=1)) == []  # behind: refused, pulls and asks again
+    assert d.refused == {0} and d.replicas_with_work() == 1

@@ -173,3 +173,32 @@ def test_a_replica_whose_tails_wait_for_tools_is_a_repack_source():
     busy = ReplicaLoad(2, 2, 0, 3, 20, 64, 30, (("8:0", 5), ("8:1", 5), ("8:2", 5)))
     plan = plan_repack([load, busy], batch_limit_b=16, kv_capacity_frac=0.9)
     assert plan.released == (1,) and {m.request_id for m in plan.moves} == {"7:0", "7:1"}
+
+
+def test_newest_first_spends_the_cap_on_the_newest_tails_and_max_age_leaves_the_old_alone() -> None:
+    """The staleness tail (old versions' long trajectories) keeps running alone at its fastest: with
+    `newest_first` the release cap goes to the newest version first, and `min_version` leaves older
+    replicas out of the round entirely."""
+    loads = [_replica(i, [5], version=1, total=200) for i in range(2)]
+    loads += [_replica(10 + i, [5], version=3, total=200) for i in range(2)]
+    oldest = plan_repack(loads, batch_limit_b=8, max_released=1)
+    newest = plan_repack(loads, batch_limit_b=8, max_released=1, newest_first=True)
+    assert oldest.released == (0,) and newest.released == (10,)
+    _check_valid(loads, newest, 8)
+    kept = plan_repack(loads, batch_limit_b=8, min_version=2)
+    touched = {m.source for m in kept.moves} | {m.destination for m in kept.moves}
+    assert kept.released == (10,) and touched == {10, 11}
+
+
+def test_capped_round_packs_tails_only_to_the_capped_limit() -> None:
+    """When the gate caps a round below what it could free, tails are packed only up to
+    `capped_batch_limit_b`; an uncapped round still packs to B."""
+    loads = [_replica(i, [2, 2], total=200) for i in range(4)]  # 4 candidates of 2 running each
+    full = plan_repack(loads, batch_limit_b=8, max_released=4)  # the cap does not bind: pack to 8
+    assert len(full.released) == 3
+    capped = plan_repack(loads, batch_limit_b=8, max_released=2, capped_batch_limit_b=4)
+    _check_valid(loads, capped, 4)
+    assert len(capped.released) == 2  # 2 + 2 each on the two kept replicas
+    assert plan_repack(loads, batch_limit_b=8, max_released=2, capped_batch_limit_b=2) == RepackPlan()
+    uncapped = plan_repack(loads, batch_limit_b=8, max_released=4, capped_batch_limit_b=2)
+    assert uncapped == full

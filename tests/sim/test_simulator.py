@@ -215,3 +215,16 @@ def test_laminar_restarts_whole_groups_and_keeps_work_no_replica_can_take_yet(gp
     assert all(n == 1 for n in cluster.finish_count.values()), "a trajectory kept twice"
     assert all(n == 1 for n in cluster.consume_count.values())
     assert len(cluster.consume_count) == SMALL.steps * SMALL.groups_per_step * SMALL.group_size
+
+
+def test_laminar_dispatch_policy_keeps_staleness_p99_within_4() -> None:
+    """Issue 14's policy (the simulator's Laminar defaults: 3 global batches ahead, new work only on the
+    trainer's version, newest-first repack that leaves old tails alone) on a latency-bound 7B cell: staleness
+    p99 stays at 4; without `max_lag` every group starts a version behind and the tail passes 4, for no more
+    throughput."""
+    cfg = SimConfig(model="7B", gpus=64, groups_per_step=128, steps=12, warmup_steps=3, trainer_frac=0.375)
+    policy, _ = simulate(cfg)
+    lagging, _ = simulate(cfg.with_(max_lag=-1))
+    assert policy["staleness"]["p99"] <= 4 < lagging["staleness"]["p99"]
+    assert policy["staleness"]["mean"] < lagging["staleness"]["mean"] - 0.5
+    assert policy["training_throughput"] > 0.98 * lagging["training_throughput"]
