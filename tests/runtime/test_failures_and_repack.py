@@ -42,8 +42,23 @@ def records_of(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def context_segments(traj: dict) -> list[tuple[int, list[int]]]:
+    """(output tokens before it, its tokens) for each run of context (a tool's output) in a trajectory."""
+    mask, segments, i = traj.get("loss_mask") or [], [], 0
+    while i < len(mask):
+        j = i
+        while j < len(mask) and mask[j] == 0:
+            j += 1
+        if j > i:
+            segments.append((i, traj["response_ids"][i:j]))
+        i = j + 1
+    return segments
+
+
 def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster, slower_model_dir, tmp_path):
-    # lr ~ 0 keeps every version's weights equal, so any trajectory can be replayed on one fresh engine.
+    # lr ~ 0 keeps every version's weights equal, so any trajectory can be replayed on one fresh engine. Tool
+    # turns (scripted calls, their outputs appended as context) make some trajectories park mid-response: those
+    # move too, with their turns, and replay by parking at the same token and resuming with the same output.
     tiny_model_dir = slower_model_dir
     cfg = load_config(
         None,
@@ -64,6 +79,9 @@ def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster,
             "repack.kv_capacity=1.0",
             "repack.only_with_work=false",  # move whenever possible: this test checks the moves
             "rollout.progress_every=2",
+            "task.tool_calls_mean=1",
+            "task.tool_latency_median_s=0.02",
+            "task.tool_output_tokens=4",
         ],
     )
     out = tmp_path / "run"
@@ -82,6 +100,8 @@ def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster,
     for line in (out / "trajectories.jsonl").read_text().splitlines():
         t = json.loads(line)
         trajs[t["traj_id"]] = t
+    segments = {tid: context_segments(trajs[tid]) for tid in replayed}
+    assert any(segments.values()), "no moved trajectory had a tool turn"
     engine = Engine.from_pretrained(tiny_model_dir, max_num_seqs=16, num_kv_blocks=64)
     for tid in replayed:
         t = trajs[tid]  # the lengths workload fixes each response's length and ignores end-of-sequence
@@ -94,10 +114,17 @@ def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster,
         engine.add_request(tid, t["prompt_ids"], params)
     out = {}
     while engine.has_unfinished():
-        for fin in engine.step().finished:
+        step = engine.step()
+        for fin in step.finished:
             out[fin.request_id] = fin.output_token_ids
+        for tid in step.new_tokens:  # a turn that ended where the run's did: park, append the same output
+            todo = segments[tid]
+            if todo and tid not in out and len(engine.progress(tid)[0]) == todo[0][0]:
+                engine.park(tid)
+                engine.resume(tid, todo.pop(0)[1])
     for tid in replayed:
         assert out[tid] == trajs[tid]["response_ids"], tid
+        assert not segments[tid], tid
 
 
 def _kill_process(pid: int) -> None:
