@@ -1,3 +1,7 @@
+import json
+
+import pytest
+
 from laminar.cli import main
 
 
@@ -25,3 +29,23 @@ def test_bad_simulate_inputs_name_what_is_wrong(tmp_path):
     ]:
         with pytest.raises(SystemExit, match=message.replace("(", r"\(")):
             main(["simulate", *args, "--out", str(tmp_path)])
+
+
+def test_bench_batches_compare_plots_earlier_results_and_names_a_bad_file(tmp_path, capsys):
+    row = {
+        "batch": 1,
+        "warm_up": False,
+        "prefill_s": 0.03,
+        "decode_s": 0.1,
+        "other_s": 0.01,
+        "schedule_s": 0.0,
+    }
+    good = tmp_path / "fused.json"
+    good.write_text(json.dumps({"batches": [row], "decode_graph_replay_ms": {"1": 1.1, "256": 1.45}}))
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"runs": []}))
+    assert main(["bench", "batches", "--compare", str(good), "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "batches.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        main(["bench", "batches", "--compare", str(good), str(bad), "--out", str(tmp_path)])
+    assert "other.json: has no 'batches'" in capsys.readouterr().err

@@ -4,8 +4,9 @@ dozen tokens with a lognormal tail).
 
 Each batch is timed step by step: the prefill steps, the decode steps, the scheduler and everything else; then
 each captured decode graph is replayed alone, by batch size (the floor of a decode step). Random weights of a
-named shape; answers end at their drawn length (EOS ignored). Writes `DIR/batches.json`. A benchmark, never a
-test: nothing here asserts a speed.
+named shape; answers end at their drawn length (EOS ignored). Writes `DIR/batches.json` and `DIR/batches.png`.
+`--compare A.json B.json ...` plots earlier results side by side instead (e.g. an engine before and after a
+change, measured in one call). A benchmark, never a test: nothing here asserts a speed.
 """
 
 from __future__ import annotations
@@ -45,6 +46,45 @@ def answer_lengths(rng: random.Random, n: int, median: float, sigma: float, cap:
     return [min(cap, max(1, round(math.exp(math.log(median) + sigma * rng.gauss(0, 1))))) for _ in range(n)]
 
 
+def plot(results: list[tuple[str, dict]], path: Path) -> None:
+    """Left: each measured batch's time, split into prefill, decode and the rest. Right: a decode graph's
+    replay alone, by batch size. One colour per result."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(results)
+    for i, (label, r) in enumerate(results):
+        rows = [b for b in r["batches"] if not b["warm_up"]]
+        x = [b["batch"] + (i - (len(results) - 1) / 2) * width for b in rows]
+        bottom = [0.0] * len(rows)
+        for part, hatch in (("prefill_s", "//"), ("decode_s", ""), ("other_s", "..")):
+            ms = [1e3 * (b[part] + (b["schedule_s"] if part == "other_s" else 0.0)) for b in rows]
+            left.bar(
+                x,
+                ms,
+                width,
+                bottom=bottom,
+                color=f"C{i}",
+                hatch=hatch,
+                edgecolor="white",
+                label=f"{label}: {part[:-2]}",
+            )
+            bottom = [a + m for a, m in zip(bottom, ms)]
+        graphs = {int(k): v for k, v in r["decode_graph_replay_ms"].items()}
+        if graphs:
+            right.plot(sorted(graphs), [graphs[k] for k in sorted(graphs)], "o-", color=f"C{i}", label=label)
+    left.set(xlabel="batch (after the warm-up)", ylabel="ms", title="a batch of grouped short answers")
+    left.legend(fontsize=7)
+    right.set(xlabel="decode batch size", ylabel="ms", title="a decode step's CUDA graph, replayed alone")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="laminar bench batches", description=__doc__)
     ap.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
@@ -57,7 +97,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=6, help="the first is a warm-up, reported apart")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="results/engine-batches")
+    ap.add_argument(
+        "--compare", nargs="+", metavar="JSON", help="plot earlier batches.json files, run nothing"
+    )
     args = ap.parse_args(argv)
+    if args.compare:
+        results = []
+        for name in args.compare:
+            path = Path(name)
+            try:
+                results.append((path.stem, json.loads(path.read_text())))
+            except (OSError, ValueError) as e:
+                ap.error(f"--compare {name}: not a readable batches.json ({e})")
+            if "batches" not in results[-1][1]:
+                ap.error(
+                    f"--compare {name}: has no 'batches'; expected a file written by laminar bench batches"
+                )
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        plot(results, Path(args.out) / "batches.png")
+        print(f"wrote {Path(args.out) / 'batches.png'}")
+        return 0
     if args.samples % args.group_size:
         ap.error(f"--samples {args.samples} must be a multiple of --group-size {args.group_size}")
     cuda = args.device == "cuda"
@@ -140,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "batches.json").write_text(json.dumps(result, indent=1))
+    plot([(args.shape, result)], out / "batches.png")
     print(f"median batch {result['median_batch_s']} s, median prefill {result['median_prefill_s']} s")
     print(f"wrote {out / 'batches.json'}")
     return 0
