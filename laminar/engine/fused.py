@@ -42,7 +42,8 @@ def split_rope(
     qkv: torch.Tensor, cos_sin: torch.Tensor, heads: int, kv_heads: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused projection's output [N, (heads + 2 kv_heads) * head_dim] -> q, k (both rotated) and v, as
-    [N, heads or kv_heads, head_dim]: one kernel for what was a rotation each for q and k."""
+    [N, heads or kv_heads, head_dim]. On CUDA the engine uses `paged_attention.rope_store` instead, which also
+    writes the cache; this is the CPU path and the reference that kernel is checked against."""
     n, dim = qkv.shape[0], cos_sin.shape[-1]
     q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
     return (
@@ -58,8 +59,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope": rope, "split_rope": split_rope}
-EAGER["silu_mul"] = silu_mul
+EAGER = {f.__name__: f for f in (rms_norm, add_rms_norm, rope, split_rope, silu_mul)}
 
 
 class Fused:
@@ -79,8 +79,8 @@ class Fused:
                 self._use(EAGER)
 
     def _use(self, fns: dict) -> None:
-        self.rms_norm, self.add_rms_norm, self.rope = fns["rms_norm"], fns["add_rms_norm"], fns["rope"]
-        self.split_rope, self.silu_mul = fns["split_rope"], fns["silu_mul"]
+        for name, fn in fns.items():
+            setattr(self, name, fn)
 
     def warm_up(
         self, device: torch.device, dtype: torch.dtype, hidden: int, heads: int, kv_heads: int, head_dim: int
