@@ -95,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--answer-sigma", type=float, default=0.6, help="lognormal sigma of the answer length")
     ap.add_argument("--answer-max", type=int, default=200)
     ap.add_argument("--batches", type=int, default=6, help="the first is a warm-up, reported apart")
+    ap.add_argument(
+        "--share",
+        default="on",
+        choices=["on", "off"],
+        help="a group's samples share its prompt's KV blocks (on, the engine's way) or each prefills it (off)",
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="results/engine-batches")
     ap.add_argument(
@@ -129,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         max_num_seqs=args.samples,
         num_kv_blocks=args.samples * -(-(args.prompt + args.answer_max + 1) // 16) + 16,
         max_model_len=args.prompt + args.answer_max + 16,
+        share_prompts=args.share == "on",
     )
     setup_s = time.perf_counter() - t
     totals: dict[str, float] = defaultdict(float)
@@ -148,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 n = lengths[g * args.group_size + i]
                 engine.add_request(f"{b}:{g}:{i}", prompt, SamplingParams(max_new_tokens=n, ignore_eos=True))
         steps = tokens = 0
+        prefilled = engine.prefill_tokens
         t = time.perf_counter()
         while engine.has_unfinished():
             tokens += len(engine.step().new_tokens)
@@ -162,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             "longest_answer": max(lengths),
             "steps": steps,
             "prefill_steps": counts["prefill"],
+            "prefill_tokens": engine.prefill_tokens - prefilled,
+            "prefill_tokens_per_group": round(
+                (engine.prefill_tokens - prefilled) / (args.samples // args.group_size), 1
+            ),
             "prefill_s": round(totals["prefill"], 4),
             "decode_steps": counts["decode"],
             "decode_s": round(totals["decode"], 4),
@@ -194,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         "median_prefill_s": sorted(r["prefill_s"] for r in measured)[len(measured) // 2]
         if measured
         else None,
+        "median_tokens_per_s": sorted(r["tokens_per_s"] for r in measured)[len(measured) // 2]
+        if measured
+        else None,
+        "prefill_tokens_per_group": measured[-1]["prefill_tokens_per_group"] if measured else None,
         "decode_graph_replay_ms": graphs,
     }
     out = Path(args.out)

@@ -73,7 +73,35 @@ def utilisation(records: list[dict[str, Any]], wall: float) -> dict[str, float]:
         return {"busy": 0.0, "mean_running": 0.0}
     busy = sum(r["busy_s"] for r in last.values()) / (len(last) * wall)
     mean_running = sum(sum(v) / len(v) for v in running.values() if v) / max(len(running), 1)
-    return {"busy": round(busy, 4), "mean_running": round(mean_running, 2)}
+    return {"busy": round(busy, 4), "mean_running": round(mean_running, 2), **tool_waits(records)}
+
+
+def tool_waits(records: list[dict[str, Any]]) -> dict[str, float]:
+    """How the replicas waited on tools, time-weighted over their progress records (each record holds until the
+    next): `tool_wait_share`, the share of time a replica had work but all of it was parked on tool calls
+    (nothing to decode); `parked_share`, the mean share of a replica's requests parked on a call while it had
+    any; `kv_used`, the mean share of KV blocks held while it had work (parked requests keep theirs)."""
+    by_rep = defaultdict(list)
+    for r in records:
+        if r["kind"] == "replica":
+            by_rep[r["replica"]].append(r)
+    span = waiting = work = parked = kv = 0.0
+    for rows in by_rep.values():
+        for a, b in zip(rows, rows[1:]):
+            dt = b["t"] - a["t"]
+            held = a["running"] + a.get("waiting", 0) + a.get("parked", 0)
+            span += dt
+            if held == 0:
+                continue
+            work += dt
+            waiting += dt * (a["running"] + a.get("waiting", 0) == 0)
+            parked += dt * a.get("parked", 0) / held
+            kv += dt * a["kv_used"] / a["kv_total"] if a.get("kv_total") else 0.0
+    return {
+        "tool_wait_share": round(waiting / span, 4) if span else 0.0,
+        "parked_share": round(parked / work, 4) if work else 0.0,
+        "kv_used": round(kv / work, 4) if work else 0.0,
+    }
 
 
 def run_variant(
@@ -106,7 +134,9 @@ def collect(label: str, folder: Path) -> dict[str, Any]:
     summary["reprefill_tokens"] = sum(r.get("reprefill_tokens", 0) for r in steps)
     summary["staleness_values"] = [s for r in steps for s in r["staleness"]]
     summary["timeline"] = [
-        {k: r[k] for k in ("t", "replica", "running", "version")} for r in records if r["kind"] == "replica"
+        {"parked": r.get("parked", 0), **{k: r[k] for k in ("t", "replica", "running", "version")}}
+        for r in records
+        if r["kind"] == "replica"
     ]
     return summary
 
@@ -120,15 +150,19 @@ def table(results: list[dict[str, Any]]) -> str:
 
     lines = [
         "| schedule | training tok/s (vs sync) | generation tok/s (vs sync) | replica busy | mean running "
-        "| staleness p50/p99/max | actor stall mean/max (s) | re-prefilled tokens |",
-        "|---|---|---|---|---|---|---|---|",
+        "| staleness p50/p99/max | actor stall mean/max (s) | re-prefilled tokens | KV used "
+        "| waiting on tools (parked share) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        s, st = r["staleness"], r["actor_stall_s"]
+        s, st, u = r["staleness"], r["actor_stall_s"], r["utilisation"]
+        tools = f"{u['tool_wait_share']:.2f} ({u['parked_share']:.2f})" if "tool_wait_share" in u else "-"
+        kv = f"{u['kv_used']:.2f}" if "kv_used" in u else "-"
         lines.append(
             f"| {r['label']} | {ratio(r, 'train_tokens_per_s')} | {ratio(r, 'gen_tokens_per_s')} "
-            f"| {r['utilisation']['busy']:.2f} | {r['utilisation']['mean_running']:.1f} "
-            f"| {s['p50']:.0f}/{s['p99']:.0f}/{s['max']} | {st['mean']:.3f}/{st['max']:.3f} | {r['reprefill_tokens']} |"
+            f"| {u['busy']:.2f} | {u['mean_running']:.1f} "
+            f"| {s['p50']:.0f}/{s['p99']:.0f}/{s['max']} | {st['mean']:.3f}/{st['max']:.3f} | {r['reprefill_tokens']} "
+            f"| {kv} | {tools} |"
         )
     return "\n".join(lines)
 
@@ -157,13 +191,13 @@ def plot(results: list[dict[str, Any]], out: Path) -> None:
                     rep,
                     b["t"] - a["t"],
                     left=a["t"],
-                    color="tab:green" if a["running"] else "lightgrey",
+                    color="tab:green" if a["running"] else "tab:orange" if a.get("parked") else "lightgrey",
                     height=0.8,
                     linewidth=0,
                 )
         ax.set_ylabel(r["label"], rotation=0, ha="right", fontsize=8)
         ax.set_yticks([])
-    axes[-1, 0].set_xlabel("wall time (s); green = decoding, grey = idle")
+    axes[-1, 0].set_xlabel("wall time (s); green = decoding, orange = only waiting on tools, grey = idle")
     fig.tight_layout()
     fig.savefig(out / "timelines.png", dpi=110)
     plt.close(fig)

@@ -120,6 +120,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         cpu_offload=args.cpu_offload,
         packing=args.packing,
         compile=args.compile,
+        compute_dtype=os.environ.get("LAMINAR_BENCH_COMPUTE_DTYPE", ""),
     )
     trainer = Trainer(cfg, model=model, rank=rank, world=world)
     del model

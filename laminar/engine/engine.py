@@ -41,8 +41,10 @@ class Engine:
         max_num_batched_tokens: int | None = None,
         gpu_memory_utilization: float = 0.9,
         use_cuda_graphs: bool = True,
+        share_prompts: bool = True,
     ):
-        """`weights=None` keeps the random initialisation (benchmarks); otherwise a Hugging Face state dict."""
+        """`weights=None` keeps the random initialisation (benchmarks); otherwise a Hugging Face state dict.
+        `share_prompts=False` makes every sample prefill its own prompt (the measure of what sharing saves)."""
         self.config = cfg = model_config
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -70,6 +72,7 @@ class Engine:
         self.eos = set(cfg.eos_token_ids)
         self._seqs: dict[str, Sequence] = {}
         self._prompt_leads: dict[tuple[int, ...], Sequence] = {}  # prompt -> the first live request with it
+        self.share_prompts = share_prompts
         self.prefill_tokens = 0
         self._keys: dict[str, int] = {}
         if weights is not None:
@@ -114,7 +117,7 @@ class Engine:
         key = tuple(prompt_token_ids)
         lead = self._prompt_leads.get(key)
         if lead is not None and self._seqs.get(lead.request_id) is lead:
-            seq.share_from = lead
+            seq.share_from = lead if self.share_prompts else None
         else:
             self._prompt_leads[key] = seq
         self._admit(seq)

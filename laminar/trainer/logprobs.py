@@ -4,7 +4,9 @@ layer, and they go through it in chunks of rows, so a [tokens, vocabulary] fp32 
 For a 152k-token vocabulary and a 32k-token micro-batch, full fp32 logits are 20 GB before the log-softmax and
 its gradient double them; here the peak is one chunk (about 1 GB, `CHUNK_ELEMENTS`). The backward recomputes
 each chunk's logits from the saved hidden states instead of keeping them, the usual trade of a second matmul
-for memory (as fused linear-cross-entropy kernels do).
+for memory (as fused linear-cross-entropy kernels do). On CUDA in bf16 the softmax runs in two Triton passes
+over the bf16 logits (`laminar.trainer.logprob_kernels`), never an fp32 copy; elsewhere in eager PyTorch, which
+is also the reference the fused path is checked against (`python -m laminar.engine.cuda_check`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,65 @@ import torch
 from torch import nn
 
 CHUNK_ELEMENTS = 1 << 28  # logits per chunk (rows x vocabulary): 1 GiB in fp32
+CHUNK_BYTES = 1 << 30  # the fused path's chunk of bf16 logits
+
+
+def fused_applies(hidden: torch.Tensor, dtype: torch.dtype) -> bool:
+    from laminar.trainer import logprob_kernels
+
+    return hidden.is_cuda and dtype in (torch.bfloat16, torch.float16) and logprob_kernels.available()
+
+
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with an fp32 result from half-precision inputs (one cuBLAS call where the build has it)."""
+    try:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    except (TypeError, RuntimeError, NotImplementedError):
+        return (a @ b).float()
+
+
+class _FusedLogprob(torch.autograd.Function):
+    """`_ChunkedLogprob` on CUDA in half precision: the logits of a chunk stay in `dtype`; two Triton passes do
+    the softmax (fp32 arithmetic), the backward writing the logits' gradient over them."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, dtype: torch.dtype, chunk: int):  # type: ignore[override]
+        from laminar.trainer.logprob_kernels import lse_and_logprob
+
+        w = weight.to(dtype)
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(out)
+        for s in range(0, hidden.shape[0], chunk):
+            logits = hidden[s : s + chunk].to(dtype) @ w.T
+            lse_and_logprob(
+                logits, targets[s : s + chunk], temperature, lse[s : s + chunk], out[s : s + chunk]
+            )
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.dtype, ctx.chunk = temperature, dtype, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        from laminar.trainer.logprob_kernels import logits_grad_
+
+        hidden, weight, targets, lse = ctx.saved_tensors
+        dtype, chunk = ctx.dtype, ctx.chunk
+        w = weight.to(dtype)
+        grad_out = grad_out.float().contiguous()
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = None
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s : s + chunk].to(dtype)
+            d = logits_grad_(
+                h @ w.T, targets[s : s + chunk], lse[s : s + chunk], grad_out[s : s + chunk], ctx.temperature
+            )
+            if grad_h is not None:
+                grad_h[s : s + chunk] = (d @ w).to(hidden.dtype)
+            part = _mm_fp32(d.T, h)
+            grad_w = part if grad_w is None else grad_w.add_(part)
+        if grad_w is None:
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        return grad_h, grad_w.to(weight.dtype), None, None, None, None
 
 
 class _ChunkedLogprob(torch.autograd.Function):
@@ -66,6 +127,9 @@ def chunked_logprobs(
 ) -> torch.Tensor:
     """[N] log-probs (fp32; fp64 for fp64 inputs) of `targets` [N] given `hidden` [N, H] and the output layer's `weight` [V, H]."""
     dtype = dtype or hidden.dtype
+    if fused_applies(hidden, dtype):
+        chunk = max(1, CHUNK_BYTES // (weight.shape[0] * torch.finfo(dtype).bits // 8))
+        return _FusedLogprob.apply(hidden, weight, targets.contiguous(), float(temperature), dtype, chunk)
     chunk = max(1, CHUNK_ELEMENTS // weight.shape[0])
     return _ChunkedLogprob.apply(hidden, weight, targets, float(temperature), dtype, chunk)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from laminar.data.codec import copy_tokenizer_files
@@ -46,7 +47,10 @@ class TrainerConfig:
     mini_batches: int = 1  # optimizer updates per train_step (version still counts train_steps)
     seed: int = 0
     threads: int = 1
-    device: str = "cpu"  # cpu | cuda (fp32 master weights; bf16 autocast on CUDA)
+    device: str = "cpu"  # cpu | cuda (fp32 master weights, bf16 compute on CUDA)
+    # the single trainer's compute copy: "" = bfloat16 on CUDA, float32 (no copy) on CPU; a sharded trainer
+    # computes in bf16 through FSDP's mixed precision on CUDA
+    compute_dtype: str = ""
     publish_dtype: str = ""  # dtype of the published weights; empty = the parameters' (float32)
     max_nonfinite_steps: int = 3  # non-finite steps skipped in a row before NonFiniteError
     packing: str = "auto"  # on | off | auto (= on CUDA): micro-batches as one row of sequences, no padding
@@ -69,6 +73,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.device={self.device!r}: must be cpu, cuda or cuda:N")
         if self.packing not in ("auto", "on", "off"):
             raise ValueError(f"trainer.packing={self.packing!r}: must be auto, on or off")
+        if self.compute_dtype not in ("", "float32", "bfloat16"):
+            raise ValueError(f"trainer.compute_dtype={self.compute_dtype!r}: must be '', float32 or bfloat16")
         if self.publish_dtype not in ("", "float32", "bfloat16"):
             raise ValueError(f"trainer.publish_dtype={self.publish_dtype!r}: must be '', float32 or bfloat16")
 
@@ -140,17 +146,29 @@ class Trainer:
                     use_packed_attention(m)
         if cfg.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.policy = PolicyLogprobs(self.model, cfg.grpo.temperature)
+        # A single trainer computing in bf16 runs a bf16 copy of the policy (`compute`): its activations stay
+        # bf16 end to end, where fp32 weights under autocast keep the residual stream and every norm in fp32 and
+        # cast at every matmul. The fp32 model stays the master the optimizer updates, checkpoints and
+        # publishes; each gradient of the copy is added into its master's fp32 gradient as soon as the backward
+        # has it (`MasterWeights`).
+        compute = self._compute_dtype()
+        self.master: MasterWeights | None = None
+        if world == 1 and compute != torch.float32:
+            self.model.to(self.device)
+            self.master = MasterWeights(self.model, compute)
+        forward_model = self.master.compute if self.master is not None else self.model
+        self.policy = PolicyLogprobs(forward_model, cfg.grpo.temperature)
         self.ref_policy = (
             PolicyLogprobs(self.ref_model, cfg.grpo.temperature) if self.ref_model is not None else None
         )
         if cfg.compile and self.device.type == "cuda":
-            compile_layers(self.model)
+            compile_layers(forward_model)
         if world > 1:
             shard_policy(self.policy, self.device, cfg.cpu_offload)
             if self.ref_policy is not None:  # forward only: each rank keeps its rows, gathered layer by layer
                 shard_policy(self.ref_policy, self.device, cpu_offload=False)
         else:
+            self.model.to(self.device)
             self.policy.to(self.device)
         # one fused kernel for the whole update on CUDA, sharded (DTensor) parameters included
         self.optimizer = torch.optim.AdamW(
@@ -166,6 +184,11 @@ class Trainer:
         self.nonfinite_in_a_row = 0
         if self.device.type == "cuda":
             self.warm_up()
+
+    def _compute_dtype(self) -> torch.dtype:
+        if self.cfg.compute_dtype:
+            return getattr(torch, self.cfg.compute_dtype)
+        return torch.bfloat16 if self.device.type == "cuda" else torch.float32
 
     def _load_reference(self, model: PreTrainedModel) -> PreTrainedModel:
         """A frozen copy of the starting weights, in eval mode; bf16 on CUDA (it only ever runs under bf16
@@ -247,6 +270,8 @@ class Trainer:
                 nonfinite = True
                 break
             self.optimizer.step()
+            if self.master is not None:
+                self.master.refresh()
             updates += 1
 
         if self.world > 1:
@@ -480,7 +505,9 @@ class Trainer:
     def _forward_logprobs(self, policy: PolicyLogprobs, batch: dict[str, Any]) -> torch.Tensor:
         """Flat log-probs of the batch's response tokens. bf16 autocast on a single CUDA trainer; a sharded one
         computes in bf16 through FSDP's mixed precision instead."""
-        autocast = self.device.type == "cuda" and (self.world == 1 or policy is self.ref_policy)
+        autocast = self.device.type == "cuda" and (
+            (self.world == 1 and self.master is None) or policy is self.ref_policy
+        )
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             return policy(
                 batch["ids"], batch["attn"], batch["positions"], batch["targets"], **batch.get("packed", {})
@@ -531,8 +558,11 @@ class Trainer:
         if self.world > 1:
             raise RuntimeError("a sharded trainer publishes its shards (weight_shards), never whole weights")
         self.check_finite()
-        sd = self.model.state_dict()
         dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else None
+        if self.master is not None and dtype == self.master.dtype:  # the compute copy is already that cast
+            sd = self.master.compute.state_dict()
+            return {k: sd[k].detach() for k in self.publish_names()}
+        sd = self.model.state_dict()
         return {k: sd[k].detach().to(dtype) if dtype else sd[k].detach() for k in self.publish_names()}
 
     def weight_shards(self) -> list[WeightShard]:
@@ -613,6 +643,8 @@ class Trainer:
             for i, n in enumerate(names)
         }
         self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        if self.master is not None:
+            self.master.refresh()
         self.version = int(meta["version"])
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
@@ -637,6 +669,38 @@ class Trainer:
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 OPTIMIZER_DIR = "optimizer"
+
+
+class MasterWeights:
+    """Mixed precision for one trainer: `compute`, a copy of the fp32 `master` model in `dtype` that runs the
+    forward and backward, and the master that the optimizer updates. As the backward finishes each gradient of
+    the copy, a hook adds it into the master parameter's fp32 gradient and frees it, so micro-batches
+    accumulate in fp32 and the copy holds no gradients between them. `refresh` casts the master into the copy
+    after every update. Tied parameters stay tied: the copy is a deep copy, one tensor where the master has one."""
+
+    def __init__(self, master: nn.Module, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.compute = copy.deepcopy(master).to(dtype)
+        self.pairs = list(zip(master.parameters(), self.compute.parameters()))
+        for m, c in self.pairs:
+            if m.shape != c.shape:
+                raise RuntimeError("the compute copy's parameters do not line up with the master's")
+            c.register_post_accumulate_grad_hook(self._accumulate(m))
+
+    @staticmethod
+    def _accumulate(m: torch.Tensor):
+        def hook(c: torch.Tensor) -> None:
+            if m.grad is None:
+                m.grad = c.grad.to(m.dtype)
+            else:
+                m.grad.add_(c.grad)
+            c.grad = None
+
+        return hook
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        torch._foreach_copy_([c for _, c in self.pairs], [m for m, _ in self.pairs])
 
 
 @dataclass
