@@ -120,7 +120,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         cpu_offload=args.cpu_offload,
         packing=args.packing,
         compile=args.compile,
-        compute_dtype=os.environ.get("LAMINAR_BENCH_COMPUTE_DTYPE", ""),
+        compute_dtype=args.compute_dtype,
     )
     trainer = Trainer(cfg, model=model, rank=rank, world=world)
     del model
@@ -249,6 +249,8 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         "activation_checkpointing": args.activation_checkpointing,
         "cpu_offload": args.cpu_offload,
         "compile": args.compile,
+        "compute_dtype": args.compute_dtype
+        or ("bfloat16" if args.device == "cuda" and args.ranks == 1 else ""),
         "micro_batches_per_step_rank0": cuts,
         "step_s_median": round(step_s, 4),
         "step_s": [round(x, 4) for x in times],
@@ -299,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--activation-checkpointing", action="store_true")
     ap.add_argument("--cpu-offload", action="store_true")
     ap.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (CUDA)")
+    ap.add_argument(
+        "--compute-dtype",
+        default="",
+        choices=["", "float32", "bfloat16"],
+        help="one rank: the compute copy's dtype ('' = bfloat16 on CUDA; float32 = fp32 weights under bf16 autocast)",
+    )
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--publishes", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
