@@ -111,7 +111,10 @@ async def repack_once(
             items = await handles[src].export_requests.remote(rids)
         except ray.exceptions.RayError:
             continue  # the source died: its work is in the partial pool, under its name, for recovery
-        if not items:  # they finished meanwhile
+        exported = {state.group.traj_id(state.sample_idx) for _, state in items}
+        if len(exported) < len(rids) and await _still_holds(handles[src], set(rids) - exported):
+            kept_back.add(src)  # a request parked on a call that outlasted the export's wait stayed behind
+        if not items:  # they finished meanwhile, or stayed
             continue
         refused = await _import(handles[dst], items)
         if refused:
@@ -136,6 +139,15 @@ async def repack_once(
         stats.released += len(set(plan.released) - kept_back)
         stats.overhead_s.append(time.perf_counter() - t0)
     return out
+
+
+async def _still_holds(handle: Any, rids: set[str]) -> bool:
+    """Whether the replica still has any of these requests (not finished): the source is not released then."""
+    try:
+        snap = await handle.snapshot.remote()
+    except ray.exceptions.RayError:
+        return False  # it died: recovery owns its work
+    return bool(rids & set(snap.get("inflight", ())))
 
 
 @dataclass(frozen=True)

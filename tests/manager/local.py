@@ -60,7 +60,8 @@ class Replica:
     """A replica's running trajectories at one version, without an engine. Like a real replica it takes a
     trajectory only at its own version, and once drained it loads newer weights (`pulls_to`) before its next
     command; `finishes` end before its next command (a tail that completes between a snapshot and a move).
-    `kill()` makes every later call fail as a dead actor's does."""
+    `kill()` makes every later call fail as a dead actor's does; `stays` are never exported (parked on a call
+    still running when an export's wait ends)."""
 
     def __init__(
         self,
@@ -73,12 +74,14 @@ class Replica:
         pulls_to: int | None = None,
         finishes: tuple[str, ...] = (),
         dies_before: str = "",
+        stays: tuple[str, ...] = (),
     ) -> None:
         self.id, self.version, self.blocks, self.waiting = rid, version, blocks, waiting
         self.running = {e.request_id: (e, s) for e, s in items}
         self.pulls_to, self.finishes = pulls_to, set(finishes)
         self.imported: list[list[str]] = []  # ids of every import call it accepted, in order
         self.dead, self.dies_before = False, dies_before
+        self.stays = set(stays)  # parked on a call that outlasts an export's wait: never exported
 
     def kill(self) -> None:
         self.dead = True
@@ -104,11 +107,12 @@ class Replica:
             "kv_total": 100,
             "peak_kv": 50,
             "requests": [(rid, self.blocks) for rid in sorted(self.running)],
+            "inflight": sorted(self.running),
         }
 
     def export_requests(self, rids: list[str]) -> list[tuple[ExportedRequest, InFlight]]:
         self._tick("export_requests")
-        return [self.running.pop(r) for r in rids if r in self.running]
+        return [self.running.pop(r) for r in rids if r in self.running and r not in self.stays]
 
     def import_requests(self, items: list[tuple[ExportedRequest, InFlight]]) -> list[str]:
         self._tick("import_requests")

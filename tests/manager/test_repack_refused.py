@@ -94,3 +94,20 @@ def test_a_dead_destination_hands_the_move_back_to_its_source():
     s = manager.repack.stats
     assert dst.dead and (s.refused, s.orphaned, s.released) == (1, 0, 0)
     assert src.running["7:0"][0].output_token_ids == [4] and pool.get("7:0").replica == 0
+
+
+def test_a_source_whose_parked_request_stayed_behind_is_not_counted_released():
+    """Both of replica 0's requests are planned onto replica 1; one is parked on a call that outlasts the
+    export's wait and stays. One moves, and replica 0, still holding the other, is not free."""
+    g, other = group(7), PromptGroup(8, [1, 2], n=1)
+    pool, buffer = PartialPool(), ExperienceBuffer(group_size=2)
+    pool.start(g, replica=0, version=3)
+    pool.start(other, replica=1, version=3)
+    src = Replica(0, 3, [item(g, 0, 3), item(g, 1, 3)], blocks=1, stays=("7:1",))
+    dst = Replica(1, 3, [item(other, 0, 3)], blocks=3)
+    manager = manager_over([src, dst], pool, buffer)
+    asyncio.run(manager.repack.round(None))
+    s = manager.repack.stats
+    assert (s.moved, s.released) == (1, 0), s
+    assert set(src.running) == {"7:1"} and set(dst.running) == {"8:0", "7:0"}
+    assert pool.get("7:0").replica == 1 and pool.get("7:1").replica == 0

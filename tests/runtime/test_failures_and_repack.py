@@ -55,11 +55,36 @@ def context_segments(traj: dict) -> list[tuple[int, list[int]]]:
     return segments
 
 
-def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster, slower_model_dir, tmp_path):
+def _kill_a_replica_waiting_on_a_tool(rt, killed: dict) -> None:
+    """Kill the first replica seen with a request parked on a tool call (polling its snapshots for up to 5 s),
+    keeping the ids it had in flight, then wait until the manager has recovered its work."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for _, handle in sorted(rt.replicas.items()):
+            snap = ray.get(handle.snapshot.remote(), timeout=30)
+            if snap.get("parked"):
+                killed["inflight"] = set(snap["inflight"])
+                _kill_process(ray.get(handle.pid.remote(), timeout=30))
+                _wait_for_failure(rt, "rollouts", 1)
+                return
+        time.sleep(0.005)
+
+
+def test_repacked_and_recovered_trajectories_finish_exactly_as_if_they_had_stayed(
+    ray_cluster, slower_model_dir, tmp_path
+):
     # lr ~ 0 keeps every version's weights equal, so any trajectory can be replayed on one fresh engine. Tool
     # turns (scripted calls, their outputs appended as context) make some trajectories park mid-response: those
     # move too, with their turns, and replay by parking at the same token and resuming with the same output.
+    # Mid-run, a replica is killed while one of its requests waits on a tool: its trajectories are recovered on
+    # another replica (after the last turn the partial pool knows, the lost call run again) and replay exactly.
     tiny_model_dir = slower_model_dir
+    killed: dict = {}
+
+    def kill(rt, m) -> None:
+        if m["version"] >= 8 and "inflight" not in killed:
+            _kill_a_replica_waiting_on_a_tool(rt, killed)
+
     cfg = load_config(
         None,
         [
@@ -85,24 +110,31 @@ def test_repacked_trajectories_finish_exactly_as_if_they_had_stayed(ray_cluster,
         ],
     )
     out = tmp_path / "run"
-    summary = train(cfg, out, quiet=True)
+    summary = train(cfg, out, quiet=True, hook=kill)
     moves = [tid for r in records_of(out) if r["kind"] == "repack" for tid in r["ids"]]
     assert summary["repacks"]["moved"] == len(moves) > 0, summary["repacks"]  # one may move more than once
     moved = set(moves)
-    assert audit_run(out).ok
+    assert killed.get("inflight"), "no replica was seen waiting on a tool call"
+    f = summary["failures"]
+    assert f["rollouts"] == 1 and f["recovered_trajectories"] + f["restarted_trajectories"] > 0, f
+    t = summary["trajectories"]
+    assert audit_run(out).ok and t["lost"] == 0 and t["duplicated"] == 0, t
     trained = {}
     for r in records_of(out):
         if r["kind"] == "step":
             trained.update(r["traj_versions"])
-    replayed = [tid for tid in moved if tid in trained]
-    assert replayed, "no moved trajectory was trained"
+    replayed = [tid for tid in moved | killed["inflight"] if tid in trained]
+    assert moved & set(replayed), "no moved trajectory was trained"
+    assert killed["inflight"] & set(replayed), "no trajectory of the killed replica was trained"
     trajs = {}
     for line in (out / "trajectories.jsonl").read_text().splitlines():
         t = json.loads(line)
         trajs[t["traj_id"]] = t
     segments = {tid: context_segments(trajs[tid]) for tid in replayed}
-    assert any(segments.values()), "no moved trajectory had a tool turn"
-    engine = Engine.from_pretrained(tiny_model_dir, max_num_seqs=16, num_kv_blocks=64)
+    assert any(segments[tid] for tid in moved if tid in segments), "no moved trajectory had a tool turn"
+    # one of the killed replica's requests was parked on a call: it has a tool turn, recovered across the kill
+    assert any(segments[tid] for tid in killed["inflight"] if tid in segments)
+    engine = Engine.from_pretrained(tiny_model_dir, max_num_seqs=16, num_kv_blocks=128)
     for tid in replayed:
         t = trajs[tid]  # the lengths workload fixes each response's length and ignores end-of-sequence
         params = SamplingParams(

@@ -48,18 +48,18 @@ def _pid(actor) -> int:
     return ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=30)
 
 
-# two control actors are killed in each run: two runs cover all four (the suite's time is bounded)
-@pytest.mark.parametrize("victim", ["buffer+manager", "prompt_pool+partial_pool"])
-def test_a_killed_control_actor_stops_the_run_and_resume_finishes_it(
-    ray_cluster, tiny_model_dir, tmp_path, victim
-):
-    """The control plane lives on the driver's machine; if one of its processes is killed anyway, the run stops
-    with one error, keeps its last consistent checkpoint, and `--resume` trains every prompt once."""
+VICTIMS = ("buffer", "manager", "prompt_pool", "partial_pool")
+
+
+def test_killed_control_actors_stop_the_run_and_resume_finishes_it(ray_cluster, tiny_model_dir, tmp_path):
+    """The control plane lives on the driver's machine; if its processes are killed anyway (all four control
+    actors at once here: one run covers them, the suite's time is bounded), the run stops with an error, keeps
+    its last consistent checkpoint, and `--resume` trains every prompt once."""
     cfg = load_config(None, [f"model.path={tiny_model_dir}", *RESUMABLE, "trainer.steps=40"])
 
     def kill(rt, m) -> None:
         if m["version"] == 5:
-            for name in victim.split("+"):
+            for name in VICTIMS:
                 os.kill(_pid(getattr(rt, name)), signal.SIGKILL)
 
     with pytest.raises(Exception):  # noqa: B017 - whichever call meets the dead actor first
