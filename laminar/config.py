@@ -104,7 +104,10 @@ class TrainerConfig:
     is_cap: float = 2.0
     num_cpus: float = 1.0  # per trainer rank
     num_gpus: float = 0.0  # per trainer rank
-    num_workers: int = 1  # trainer ranks: > 1 shards the policy with FSDP2 across them (one machine)
+    num_workers: int = 1  # trainer ranks: > 1 shards the policy with FSDP2 across them
+    # pack: the ranks on one machine (one publish slot); spread: one rank a machine, and the ranks on other
+    # machines than rank 0 send their rows to the master relay, which assembles each version
+    placement: str = "pack"
     packing: str = "auto"  # on | off | auto (on CUDA): a micro-batch is one row of sequences, no padding
     activation_checkpointing: bool = (
         False  # recompute decoder layers in the backward: less memory, ~1/3 more time
@@ -419,6 +422,13 @@ def validate(cfg: Config) -> None:
     _check(t.micro_batch >= 1, "trainer.micro_batch", t.micro_batch, "at least 1")
     _check(t.packing in ("auto", "on", "off"), "trainer.packing", t.packing, "auto, on or off")
     _check(t.num_workers >= 1, "trainer.num_workers", t.num_workers, "at least 1 (ranks of the trainer)")
+    _check(t.placement in ("pack", "spread"), "trainer.placement", t.placement, "pack or spread")
+    _check(
+        t.placement == "pack" or t.num_workers > 1,
+        "trainer.placement",
+        t.placement,
+        "pack with trainer.num_workers=1 (spread places several ranks one a machine)",
+    )
     _check(
         not t.cpu_offload or t.num_workers > 1,
         "trainer.cpu_offload",

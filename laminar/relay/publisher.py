@@ -110,12 +110,22 @@ class WeightPublisher:
         return slot, self._slots[slot].path
 
     def commit(
-        self, slot: int, version: int, nbytes: int, layout: Any, t0: float, wall0: float | None = None
+        self,
+        slot: int,
+        version: int,
+        nbytes: int,
+        layout: Any,
+        t0: float,
+        wall0: float | None = None,
+        pieces: int = 0,
     ) -> float:
-        """Hand a written slot to the master relay; returns the stall since `t0` (perf_counter)."""
+        """Hand a written slot to the master relay; returns the stall since `t0` (perf_counter). `pieces`: how
+        many ranks on other machines send their rows to the master relay themselves (`ShardWriter.pack`)."""
         if self.last_version is not None and version <= self.last_version:
             raise ValueError(f"version {version} must be greater than the last published {self.last_version}")
-        self._pending[slot] = self._master.ingest.remote(version, self._slots[slot].path, nbytes, layout)
+        self._pending[slot] = self._master.ingest.remote(
+            version, self._slots[slot].path, nbytes, layout, pieces=pieces
+        )
         self.last_version = version
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
@@ -219,6 +229,28 @@ class ShardWriter:
             cuda |= sh.local.is_cuda
         if cuda:
             torch.cuda.synchronize()
+
+    def pack(self, layout: Any, shards: list[Any]) -> tuple[list[tuple[int, int]], np.ndarray]:
+        """A rank on another machine than the publish slot: its rows as (offset, length) ranges of the flat
+        layout and their bytes back to back, for the master relay's `piece` (which assembles the version)."""
+        entry = {e.name: e for e in layout.entries}
+        ranges, parts = [], []
+        for sh in shards:
+            e = entry[sh.name]
+            if sh.local.numel() == 0:
+                continue
+            row_bytes = e.nbytes // e.shape[0] if e.shape else e.nbytes
+            n = sh.local.numel() * sh.local.element_size()
+            if sh.first_row * row_bytes + n > e.nbytes:
+                raise ValueError(f"{sh.name}: rows from {sh.first_row} ({n} bytes) pass the tensor's end")
+            ranges.append((e.offset + sh.first_row * row_bytes, n))
+            parts.append(sh.local)
+        out = torch.empty(sum(n for _, n in ranges), dtype=torch.uint8)
+        at = 0
+        for (_, n), x in zip(ranges, parts):
+            out[at : at + n].view(x.dtype).view(x.shape).copy_(x)
+            at += n
+        return ranges, out.numpy()
 
     def _map(self, path: str, nbytes: int) -> MappedView:
         view = self._views.get(path)

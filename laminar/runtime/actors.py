@@ -4,6 +4,7 @@ timeout, and telling the other parts what happened."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -17,6 +18,8 @@ from laminar.data.partial_pool import PartialPool
 from laminar.data.prompt_pool import PromptPool
 from laminar.data.records import Trajectory
 from laminar.data.staleness import staleness
+
+log = logging.getLogger(__name__)
 
 
 def _exactly(wanted: set[int], ready: list, count: int, version: int) -> list[int]:
@@ -172,7 +175,9 @@ class TrainerActor:
     """One rank of the trainer plus its share of the weight publish: each step trains, then copies the new
     version into shared memory for the master relay and returns (the publish is the trainer's only stall).
     With one rank (`world=1`) it holds the whole model and publishes it; with several, each rank is one FSDP
-    shard (`join` first), writes its own rows into rank 0's publish slot, and rank 0 hands the slot over."""
+    shard (`join` first), writes its own rows into rank 0's publish slot, and rank 0 hands the slot over. A rank
+    on another machine than rank 0 (`trainer.placement=spread`) sends its rows to the master relay instead
+    (`Relay.piece`), which assembles the version from the slot and the pieces before anyone may pull it."""
 
     def __init__(self, trainer_cfg: Any, slots: int, rank: int = 0, world: int = 1) -> None:
         self.cfg, self.slots, self.rank, self.world = trainer_cfg, slots, rank, world
@@ -180,6 +185,10 @@ class TrainerActor:
         self.publisher: Any = None
         self.writer: Any = None
         self.layout: Any = None
+        self.master: Any = None
+        self.remote_ranks = 0  # ranks on other machines than rank 0 (they send pieces)
+        self.remote = False  # this rank is one of them
+        self.pieces: list[Any] = []  # this rank's piece calls still unanswered
         if world == 1:
             from laminar.trainer.trainer import Trainer
 
@@ -219,10 +228,15 @@ class TrainerActor:
         )
         self.trainer = Trainer(self.cfg, rank=self.rank, world=self.world)
         self.writer = ShardWriter()
+        nodes: list[Any] = [None] * self.world
+        dist.all_gather_object(nodes, self.node_id())
+        self.remote = nodes[self.rank] != nodes[0]
+        self.remote_ranks = sum(n != nodes[0] for n in nodes)
 
     def attach_master(self, master: Any) -> None:
         from laminar.relay.publisher import WeightPublisher
 
+        self.master = master
         if self.rank != 0:
             return
         if self.publisher is None:
@@ -278,11 +292,33 @@ class TrainerActor:
         if self.rank == 0:
             slot, where[0] = self.publisher.reserve(self.layout.total_bytes)
         dist.broadcast_object_list(where, src=0)
-        self.writer.write(where[0], self.layout, shards)
+        if (
+            self.remote
+        ):  # another machine: the rows go to the master relay, through this machine's object store
+            ranges, data = self.writer.pack(self.layout, shards)
+            self._collect_pieces()
+            self.pieces.append(self.master.piece.remote(self.trainer.version, ranges, data))
+        else:
+            self.writer.write(where[0], self.layout, shards)
         dist.barrier()
         if self.rank != 0:
             return time.perf_counter() - t0
-        return self.publisher.commit(slot, self.trainer.version, self.layout.total_bytes, self.layout, t0)
+        return self.publisher.commit(
+            slot, self.trainer.version, self.layout.total_bytes, self.layout, t0, pieces=self.remote_ranks
+        )
+
+    def _collect_pieces(self) -> None:
+        """Forget answered piece calls; a failed one is logged (the master relay will not expose that version)."""
+        if not self.pieces:
+            return
+        ready, self.pieces = ray.wait(self.pieces, num_returns=len(self.pieces), timeout=0)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - a dead master relay must not stop training
+                log.warning(
+                    "trainer rank %d: a piece of a version did not reach the master relay: %r", self.rank, e
+                )
 
     def replay(self, groups: list[list[Trajectory]]) -> int:
         """Train on a batch again without publishing: a restarted trainer catching up from its checkpoint."""

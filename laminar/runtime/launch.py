@@ -406,6 +406,7 @@ class Runtime:
             resources,
             self.cfg.run.timeout_s,
             on_driver_node(soft=True),
+            spread=t.placement == "spread",
         )
 
     def _restart_trainer(self) -> None:

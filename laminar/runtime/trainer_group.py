@@ -1,7 +1,8 @@
 """The trainer tier as one handle: `trainer.num_workers` rank actors, started, called and replaced together.
 
 One rank is today's single trainer actor. Several are an FSDP2 group: placed with a Ray placement group packed
-on one machine (their publish writes into one shared-memory slot beside the master relay), joined in a
+on one machine (their publish writes into one shared-memory slot beside the master relay), or spread one rank a
+machine (the ranks away from rank 0 send their rows to the master relay, which assembles them), joined in a
 `torch.distributed` process group (NCCL on GPU, gloo on CPU). Every call goes to all ranks at once and returns
 rank 0's answer; if any rank dies, the others are killed too (they would wait in a collective forever) and the
 caller restarts the whole group from the last checkpoint, as it does a dead single trainer.
@@ -35,21 +36,28 @@ class TrainerGroup:
         resources: dict[str, Any],
         timeout_s: float,
         here: dict[str, Any],
+        spread: bool = False,
     ) -> TrainerGroup:
-        """`resources` per rank (num_cpus, num_gpus); `here`: where a single rank prefers to run."""
+        """`resources` per rank (num_cpus, num_gpus); `here`: where a single rank prefers to run; `spread`: one
+        rank a machine (else all on one)."""
         if world == 1:
             return cls([TrainerActor.options(**resources, **here).remote(cfg, slots)])
         bundle = {"CPU": resources["num_cpus"]} | (
             {"GPU": resources["num_gpus"]} if resources["num_gpus"] else {}
         )
-        pg = placement_group([bundle] * world, strategy="STRICT_PACK")
+        pg = placement_group([bundle] * world, strategy="STRICT_SPREAD" if spread else "STRICT_PACK")
         try:
             ray.get(pg.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError as e:
             remove_placement_group(pg)
+            where = (
+                f"{world} machines with {bundle} free each (trainer.placement=spread: one rank a machine)"
+                if spread
+                else f"a machine with {world} x {bundle} free (the ranks share one machine)"
+            )
             raise RuntimeError(
-                f"trainer.num_workers={world}: no machine has {world} x {bundle} free for the trainer's ranks "
-                f"within {timeout_s:.0f}s (the ranks share one machine); lower trainer.num_workers or free resources"
+                f"trainer.num_workers={world}: found no {where} within {timeout_s:.0f}s; lower "
+                "trainer.num_workers, change trainer.placement or free resources"
             ) from e
         ranks = [
             TrainerActor.options(

@@ -270,3 +270,40 @@ def test_a_downstream_linked_mid_version_gets_the_arriving_version(chain):
     up.end()
     assert chain[2].wait_version(11, timeout=10) == 11
     assert np.array_equal(held_bytes(chain[2])[1], up.w)
+
+
+def test_a_version_is_assembled_from_the_slot_and_pieces_from_other_machines(trainer_slot):
+    """A trainer spanning machines: the ranks beside the master write their rows into the slot, the others send
+    theirs as pieces (before or after the offer); the version is whole, and exposed only once all are in."""
+    master = make_relay("pieces", slot_timeout=1.0)
+    try:
+        nbytes = 1 << 20
+        for version, early in ((1, True), (2, False)):
+            w = weights(version, nbytes)
+            away = [[(1000, 5000), (300_000, 70_000)], [(900_000, nbytes - 900_000)]]  # two remote ranks
+            trainer_slot.array[:nbytes] = w
+            for ranges in away:  # the slot has holes where the remote rows go
+                for off, n in ranges:
+                    trainer_slot.array[off : off + n] = 0
+
+            def send(ranges, w=w, version=version):
+                master.piece(version, ranges, np.concatenate([w[o : o + n] for o, n in ranges]))
+
+            if early:
+                for ranges in away:
+                    send(ranges)
+            else:
+                threading.Timer(0.2, send, args=(away[0],)).start()
+                threading.Timer(0.3, send, args=(away[1],)).start()
+            assert master.ingest(version, trainer_slot.path, nbytes, {"nbytes": nbytes}, pieces=2)
+            got_version, got = held_bytes(master)
+            assert got_version == version and np.array_equal(got, w)
+        # a piece that never comes: the version is never exposed, the one before stays the newest
+        with pytest.raises(RuntimeError, match="1 of the 2 pieces"):
+            master.piece(3, [(0, 10)], np.zeros(10, np.uint8))
+            master.ingest(3, trainer_slot.path, nbytes, {"nbytes": nbytes}, pieces=2)
+        assert held_bytes(master)[0] == 2 and master.stats()["pieces"] == 5
+        with pytest.raises(ValueError, match="ranges cover 10 bytes, data has 4"):
+            master.piece(4, [(0, 10)], np.zeros(4, np.uint8))
+    finally:
+        master.shutdown()

@@ -17,7 +17,9 @@ from transformers import AutoModelForCausalLM
 
 from laminar.config import load_config
 from laminar.engine import Engine, SamplingParams
+from laminar.engine.weights import unflatten
 from laminar.models.export import main as export_main
+from laminar.relay.slots import MappedView
 from laminar.rollout.inflight import sample_seed
 from laminar.telemetry.audit import audit_run
 from laminar.train import train
@@ -276,13 +278,24 @@ def test_a_run_stopped_hard_and_resumed_trains_every_prompt_once(ray_cluster, ti
 
 
 def test_a_killed_trainer_restarts_from_its_checkpoint_and_catches_up(ray_cluster, tiny_model_dir, tmp_path):
-    """The trainer is 2 FSDP2 ranks (gloo): killing one takes the group down, and the whole group restarts from
-    its checkpoint and replays, while the rollouts go on. (One rank restarts the same way; resuming a 2-rank
-    checkpoint on 1 rank is tests/trainer/test_sharded.py's.)"""
-    killed = []
+    """The trainer is 2 FSDP2 ranks (gloo) on two machines (`trainer.placement=spread`): rank 1 sends its rows
+    of every version to the master relay, which assembles them with rank 0's. Killing a rank takes the group
+    down, and the whole group restarts from its checkpoint and replays, while the rollouts go on. (One rank
+    restarts the same way; resuming a 2-rank checkpoint on 1 rank is tests/trainer/test_sharded.py's.)"""
+    killed, seen = [], {}
 
     def hook(rt, m):
         assert rt.trainer.world == 2
+        nodes = ray.get([r.node_id.remote() for r in rt.trainer.ranks], timeout=30)
+        assert nodes[0] != nodes[1], "trainer.placement=spread put both ranks on one machine"
+        seen["pieces"] = ray.get(rt.relays[0].stats.remote(), timeout=30)["pieces"]
+        if m["version"] == 6:  # the last version as the master relay assembled it (this host's shared memory)
+            master = rt.relays[0]
+            assert ray.get(master.wait_version.remote(6, 30), timeout=60) == 6
+            lease = ray.get(master.acquire.remote(version=6), timeout=30)
+            with MappedView(lease.path, lease.nbytes) as view:
+                seen["last"] = {k: v.clone() for k, v in unflatten(view.array.copy(), lease.layout).items()}
+            ray.get(master.release.remote(lease.lease_id), timeout=30)
         if m["version"] == 3 and not killed:
             killed.append(rt.trainer.pids()[1])
             _kill_process(killed[0])
@@ -299,17 +312,26 @@ def test_a_killed_trainer_restarts_from_its_checkpoint_and_catches_up(ray_cluste
             "buffer.capacity_groups=6",
             "trainer.checkpoint_every=2",
             "trainer.num_workers=2",
+            "trainer.placement=spread",
             "run.export=bfloat16",
         ],
     )
     summary = train(cfg, tmp_path, quiet=True, hook=hook)
     assert killed and summary["failures"]["trainer"] == 1
+    assert seen["pieces"] >= 1, "no version was assembled from a piece of the other machine's rank"
+    # the replicas ran versions assembled from both machines' rows: the newest pulled is the run's last but one
+    assert max(r["version"] for r in records_of(tmp_path) if r["kind"] == "pull") >= 5
     ckpt = tmp_path / "checkpoint"  # the ranks' rows joined into a model directory; the final export beside
     assert (ckpt / "model.safetensors.index.json").is_file(), sorted(p.name for p in ckpt.iterdir())
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     whole = AutoModelForCausalLM.from_pretrained(ckpt)
     for (name, a), b in zip(hf.state_dict().items(), whole.state_dict().values()):
         assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16)), name
+    # version 6, assembled from both machines' rows, is exactly the trained weights (the final checkpoint's)
+    final = whole.state_dict()
+    assert seen["last"].keys() <= final.keys() and len(seen["last"]) > 0
+    for name, w in seen["last"].items():
+        assert torch.equal(w, final[name]), name
     assert export_main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
     assert summary["trainer_steps"] == 6
     t = summary["trajectories"]
