@@ -50,6 +50,7 @@ class TaskConfig:
     # the `lengths` workload with tool turns (benchmarks): calls per response (geometric mean; 0 = none),
     # each call's latency (lognormal), and the context tokens it returns
     tool_calls_mean: float = 0.0
+    tool_calls_min: int = 0  # every response makes at least this many (the draw is raised to it)
     tool_latency_median_s: float = 0.5
     tool_latency_p99_ratio: float = 10.0
     tool_output_tokens: int = 32
@@ -507,6 +508,12 @@ def validate(cfg: Config) -> None:
     _check(k.tool_workers >= 1, "task.tool_workers", k.tool_workers, "at least 1")
     _check(
         k.tool_calls_mean >= 0, "task.tool_calls_mean", k.tool_calls_mean, "0 (no calls) or a positive mean"
+    )
+    _check(
+        k.tool_calls_min >= 0 and (k.tool_calls_min == 0 or k.tool_calls_mean > 0),
+        "task.tool_calls_min",
+        k.tool_calls_min,
+        "0, or at least 1 with task.tool_calls_mean > 0 (the tool workload)",
     )
     _check(
         k.tool_calls_mean == 0 or k.name == "lengths",

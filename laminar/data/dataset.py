@@ -244,6 +244,7 @@ def train_rows(cfg: Any) -> list[dict[str, Any]]:
             max_len=cfg.rollout.max_new_tokens,
             seed=t.seed,
             tool_calls_mean=t.tool_calls_mean,
+            tool_calls_min=t.tool_calls_min,
             tool_latency_median_s=t.tool_latency_median_s,
             tool_latency_p99_ratio=t.tool_latency_p99_ratio,
             tool_output_tokens=t.tool_output_tokens,

@@ -29,6 +29,7 @@ class LengthWorkload:
     lengths_file: str = ""
     seed: int = 0
     tool_calls_mean: float = 0.0  # 0: single-turn responses
+    tool_calls_min: int = 0  # every response (of 2 tokens or more) makes at least this many calls
     tool_latency_median_s: float = 0.5
     tool_latency_p99_ratio: float = 10.0
     tool_output_tokens: int = 32
@@ -83,6 +84,7 @@ class LengthWorkload:
         calls = 0
         while calls < min(self.max_calls, n - 1) and rng.random() > p:
             calls += 1
+        calls = max(calls, min(self.tool_calls_min, self.max_calls, n - 1))
         sigma = math.log(self.tool_latency_p99_ratio) / Z99
         return {
             "calls_at": sorted(rng.sample(range(1, n), calls)),

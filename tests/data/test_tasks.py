@@ -61,3 +61,7 @@ def test_the_tool_workload_scripts_long_tailed_calls_within_each_response():
         n = budget - k * 8
         assert all(1 <= c < n for c in script["calls_at"]) and len(set(script["calls_at"])) == k
     assert "tool_script" not in LengthWorkload(median=64, seed=1).rows(5)[0]
+    # a floor on the calls: every response makes one at least (a third made none above)
+    assert calls.count(0) > 500
+    floored = LengthWorkload(median=64, tool_calls_mean=2.0, tool_calls_min=1, seed=1).rows(2000)
+    assert min(len(r["tool_script"]["calls_at"]) for r in floored) == 1

@@ -95,18 +95,23 @@ def test_repacked_and_recovered_trajectories_finish_exactly_as_if_they_had_staye
             "task.name=lengths",
             "task.length_median=30",  # a group's samples share a length; groups in one batch do not: tails
             "task.length_p99_ratio=4",
-            "rollout.groups_per_batch=3",
+            # Moves are between replicas of one version. Every replica starts with 6 groups at version 0 and
+            # pulls newer weights only once drained, and any replica's work fits beside another's (64 running,
+            # 256 KV blocks): the first rounds already move, every run.
+            "rollout.groups_per_batch=6",
+            "rollout.kv_blocks=256",
             "rollout.max_new_tokens=100",
             "trainer.steps=24",
             "trainer.groups_per_step=2",
-            "buffer.capacity_groups=9",
+            "buffer.capacity_groups=18",
             "trainer.lr=1e-12",
             "repack.interval_s=0.02",
             "repack.batch_limit_b=64",
             "repack.kv_capacity=1.0",
             "repack.only_with_work=false",  # move whenever possible: this test checks the moves
             "rollout.progress_every=2",
-            "task.tool_calls_mean=1",
+            "task.tool_calls_mean=2",
+            "task.tool_calls_min=1",  # every trajectory has a turn: every moved one carries one
             "task.tool_latency_median_s=0.02",
             "task.tool_output_tokens=4",
         ],
