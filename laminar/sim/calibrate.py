@@ -48,11 +48,12 @@ def from_trainer_bench(paths: list[str | Path], base: CostModel, params: float) 
     """`train_mfu` from `laminar bench trainer` on a GPU (results/trainer/*/trainer.json): the row whose model is
     nearest the simulated one in parameters (on a log scale), preferring a sharded trainer (ranks > 1), as the
     simulated trainer is. The bench's step includes the optimizer, so `train_step_overhead_s` stays as
-    configured (a conservative extra for gathers and data loading at scale). CPU rows are ignored."""
+    configured (a conservative extra for gathers and data loading at scale). CPU rows are ignored, and so are
+    rows measured beside other work on the same machine (`contended`)."""
     rows = []
     for path in paths:
         data = json.loads(Path(path).read_text())
-        if data.get("mfu") and "ranks" in data:
+        if data.get("mfu") and "ranks" in data and not data.get("contended"):
             rows.append((path, data))
     if not rows:
         return base, "no GPU trainer benchmark (results/trainer/*/trainer.json): train_mfu unchanged"
