@@ -146,6 +146,9 @@ class RepackConfig:
     # oldest, the staleness tail, keep running alone at their fastest)
     newest_first: bool = False
     max_age: int = -1  # leave replicas running work this many versions behind the trainer alone; -1 = none
+    # a moved trajectory takes its cached keys and values along (the destination prefills nothing again);
+    # false: it re-prefills its context there
+    move_kv: bool = False
     # B when the gate caps a round below the replicas it could free (the dispatch bound, not the rollouts,
     # limits the work): packing slows every packed tail and the few freed replicas gain little; 0 = batch_limit_b
     capped_batch_limit_b: int = 0

@@ -19,7 +19,14 @@ from laminar.engine.config import ModelConfig, SamplingParams
 from laminar.engine.model_runner import ModelRunner
 from laminar.engine.sampler import SamplingBatch, request_key
 from laminar.engine.scheduler import Scheduler
-from laminar.engine.sequence import EngineStats, ExportedRequest, FinishedRequest, Sequence, StepOutput
+from laminar.engine.sequence import (
+    EngineStats,
+    ExportedRequest,
+    FinishedRequest,
+    MovedKV,
+    Sequence,
+    StepOutput,
+)
 from laminar.engine.weights import WeightLayout, load_safetensors_dir, unflatten
 
 CPU_KV_BUDGET = 1 << 30  # default KV cache on CPU: 1 GiB (or less if the running cap needs less)
@@ -153,13 +160,15 @@ class Engine:
             if self._prompt_leads.get(key) is seq:
                 del self._prompt_leads[key]
 
-    def export_request(self, request_id: str) -> ExportedRequest:
-        """Remove a request and return what another engine needs to continue it."""
+    def export_request(self, request_id: str, with_kv: bool = False) -> ExportedRequest:
+        """Remove a request and return what another engine needs to continue it; `with_kv`: with the keys and
+        values it has cached, so an engine of the same weights takes them over instead of prefilling again."""
         seq = self._seqs.get(request_id)
         if seq is None:
             raise KeyError(
                 f"request {request_id!r} is not in this engine (finished, aborted, or never added)"
             )
+        kv = self.runner.read_kv(seq.block_table, seq.num_cached) if with_kv and seq.num_cached else None
         self.abort(request_id)
         return ExportedRequest(
             request_id=seq.request_id,
@@ -171,11 +180,14 @@ class Engine:
             version=self.version,
             output_mask=seq.mask() if seq.output_mask else [],
             parked=seq.parked,
+            kv=kv,
         )
 
     def import_request(self, exported: ExportedRequest) -> None:
         """Queue a moved request; it re-prefills prompt plus outputs, then continues its own sampling stream. A
-        request that was parked (waiting for a tool) stays parked here until `resume`."""
+        request that was parked (waiting for a tool) stays parked here until `resume`. One that brings its keys
+        and values (`kv`) from an engine of this version starts from them and prefills only the rest, when they
+        fit this engine's cache and free blocks; otherwise it re-prefills as any other."""
         e = exported
         if len(e.logprobs) != len(e.output_token_ids):
             raise ValueError(
@@ -193,9 +205,22 @@ class Engine:
             versions,
             output_mask=list(e.output_mask),
         )
+        if e.kv is not None and e.version == self.version:
+            self._take_kv(seq, e.kv)
         self._admit(seq)
         if e.parked:
             self.scheduler.park(seq)
+
+    def _take_kv(self, seq: Sequence, kv: MovedKV) -> None:
+        """Give `seq` blocks holding `kv`, if it matches this model and every block it needs is free (else it
+        re-prefills). A waiting request holding blocks gives them up to one that cannot start otherwise."""
+        if kv.num_tokens >= len(seq) or not self.runner.fits_kv(kv):
+            return
+        if not self.blocks.can_allocate(seq):
+            return
+        self.blocks.allocate(seq)
+        self.runner.write_kv(seq.block_table, kv)
+        seq.num_cached = kv.num_tokens
 
     # ---- tool turns ---------------------------------------------------------------------------------------
     def park(self, request_id: str) -> None:

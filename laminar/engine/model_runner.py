@@ -14,7 +14,7 @@ from laminar.engine.fused import Fused
 from laminar.engine.model import CausalLM
 from laminar.engine.rope import cos_sin_table
 from laminar.engine.sampler import SamplingBatch
-from laminar.engine.sequence import Sequence
+from laminar.engine.sequence import MovedKV, Sequence
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
@@ -69,6 +69,41 @@ class ModelRunner:
     def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+    # ---- moved keys and values ----------------------------------------------------------------------------
+    def read_kv(self, block_table: list[int], num_tokens: int) -> MovedKV:
+        """The first `num_tokens` cached keys and values of a request, as host bytes (`MovedKV`)."""
+        blocks = torch.as_tensor(block_table[: -(-num_tokens // self.block_size)], device=self.device)
+
+        def take(cache: torch.Tensor) -> np.ndarray:
+            rows = cache.index_select(1, blocks).flatten(1, 2)[:, :num_tokens].contiguous()
+            return rows.cpu().view(torch.uint8).numpy().reshape(-1)
+
+        _, _, _, heads, dim = self.k_cache.shape
+        return MovedKV(
+            num_tokens,
+            (self.k_cache.shape[0], num_tokens, heads, dim),
+            str(self.k_cache.dtype).removeprefix("torch."),
+            take(self.k_cache),
+            take(self.v_cache),
+        )
+
+    def fits_kv(self, kv: MovedKV) -> bool:
+        """Whether `kv` came from an engine of this model shape and cache dtype."""
+        layers, _, heads, dim = kv.shape
+        same_shape = (layers, heads, dim) == (self.k_cache.shape[0], *self.k_cache.shape[3:])
+        return same_shape and kv.dtype == str(self.k_cache.dtype).removeprefix("torch.")
+
+    def write_kv(self, block_table: list[int], kv: MovedKV) -> None:
+        """Put moved keys and values into this engine's blocks `block_table` (which cover `kv.num_tokens`)."""
+        n = kv.num_tokens
+        slots = torch.as_tensor(
+            [block_table[i // self.block_size] * self.block_size + i % self.block_size for i in range(n)],
+            device=self.device,
+        )
+        for cache, data in ((self.k_cache, kv.keys), (self.v_cache, kv.values)):
+            rows = torch.from_numpy(np.array(data)).view(cache.dtype).view(kv.shape).to(self.device)
+            cache.flatten(1, 2).index_copy_(1, slots, rows)
 
     # ---- inputs -------------------------------------------------------------------------------------------
     def _slot(self, seq: Sequence, pos: int) -> int:

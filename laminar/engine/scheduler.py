@@ -93,8 +93,9 @@ class Scheduler:
         self.shared_prompt_tokens += seq.num_cached
 
     def _free_parked(self, seq: Sequence) -> bool:
-        """Take blocks back from parked requests, longest-parked first, until `seq` fits; True if it does."""
-        for p in self.parked:
+        """Take blocks back from parked requests, longest-parked first, then from waiting ones that hold moved
+        keys and values (`Engine.import_request`), until `seq` fits; True if it does. Those re-prefill later."""
+        for p in [*self.parked, *(w for w in self.waiting if w is not seq)]:
             if self.blocks.can_allocate(seq):
                 break
             if p.block_table:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from laminar.engine.config import SamplingParams
 
 
@@ -45,6 +47,18 @@ class Sequence:
 
 
 @dataclass
+class MovedKV:
+    """The keys and values a request had cached, for an engine of the same model and weights to take over
+    instead of prefilling them again: [layers, tokens, kv_heads, head_dim] each, as raw bytes of `dtype`."""
+
+    num_tokens: int
+    shape: tuple[int, int, int, int]
+    dtype: str  # torch dtype name, e.g. "bfloat16"
+    keys: np.ndarray  # uint8
+    values: np.ndarray  # uint8
+
+
+@dataclass
 class ExportedRequest:
     """Everything another engine needs to continue a request exactly where it stopped (picklable, no tensors)."""
 
@@ -57,6 +71,7 @@ class ExportedRequest:
     version: int  # the exporting engine's weight version
     output_mask: list[int] = field(default_factory=list)  # per output token (see Sequence); [] = all sampled
     parked: bool = False  # it was waiting for a tool: the importer keeps it parked until `resume`
+    kv: MovedKV | None = None  # its cached keys and values (`export_request(with_kv=True)`); None: re-prefill
 
 
 @dataclass

@@ -59,6 +59,7 @@ class RolloutManager:
                 p.newest_first,
                 p.max_age,
                 p.capped_batch_limit_b,
+                p.move_kv,
             )
             self.repack = RepackLoop(
                 self.fleet, settings, self.dispatcher, partial_pool, self.supervisor.place

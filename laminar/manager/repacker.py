@@ -85,8 +85,10 @@ async def repack_once(
     newest_first: bool = False,
     min_version: int | None = None,
     capped_batch_limit_b: int = 0,
+    move_kv: bool = False,
 ) -> RepackRound:
-    """One repack round. `max_released` caps the replicas freed (the manager passes how many it has work for).
+    """One repack round. `max_released` caps the replicas freed (the manager passes how many it has work for);
+    `move_kv`: the moved requests take their cached keys and values along.
     Nothing exported is dropped: what the destination refuses goes back to its source, and what the source
     refuses too comes back as `orphans` for the recovery path."""
     t0 = time.perf_counter()
@@ -108,7 +110,7 @@ async def repack_once(
     kept_back: set[int] = set()  # sources that still hold a planned trajectory (refused by its destination)
     for (src, dst), rids in sorted(by_pair.items()):
         try:
-            items = await handles[src].export_requests.remote(rids)
+            items = await handles[src].export_requests.remote(rids, move_kv)
         except ray.exceptions.RayError:
             continue  # the source died: its work is in the partial pool, under its name, for recovery
         exported = {state.group.traj_id(state.sample_idx) for _, state in items}
@@ -159,6 +161,7 @@ class RepackSettings:
     newest_first: bool = False  # the release cap goes to the newest versions' tails first
     max_age: int = -1  # leave replicas running work this many versions behind the trainer alone; -1 = none
     capped_batch_limit_b: int = 0  # B when the gate caps a round below what it could free; 0 = batch_limit_b
+    move_kv: bool = False  # moved trajectories take their cached keys and values along
 
 
 class RepackLoop:
@@ -223,6 +226,7 @@ class RepackLoop:
             newest_first=self.settings.newest_first,
             min_version=self.min_version(),
             capped_batch_limit_b=self.settings.capped_batch_limit_b,
+            move_kv=self.settings.move_kv,
         )
         now = time.time() - fleet.t0
         fleet.events.extend({**e, "t": now} for e in done.events)

@@ -39,11 +39,12 @@ def describe_error(exc: BaseException) -> tuple[str, str]:
     return line, f"{type(exc).__name__} at {where}"
 
 
-def export_request(engine: Any, tools: Any, rid: str) -> tuple[Any, Any]:
+def export_request(engine: Any, tools: Any, rid: str, with_kv: bool = False) -> tuple[Any, Any]:
     """A request out of this replica with its tool state (`TurnState`, or None without tools): a parked one goes
-    with its pending call and, once the call is back, its result. Raises while its call still runs."""
+    with its pending call and, once the call is back, its result. Raises while its call still runs. `with_kv`:
+    with its cached keys and values (a repack move to a replica of the same weights)."""
     tool = tools.export(rid) if tools is not None else None
-    return engine.export_request(rid), tool
+    return engine.export_request(rid, with_kv=with_kv), tool
 
 
 def import_request(engine: Any, tools: Any, exported: Any, tool: Any) -> None:
@@ -165,7 +166,7 @@ class RolloutReplica:
         return cmd.done.result(timeout=timeout_s or self.timeout_s)
 
     def export_requests(
-        self, request_ids: list[str], wait_s: float = TOOL_EXPORT_WAIT_S
+        self, request_ids: list[str], wait_s: float = TOOL_EXPORT_WAIT_S, with_kv: bool = False
     ) -> list[tuple[Any, InFlight]]:
         """Remove these requests (those still here) with their tool state: a parked one goes with its pending
         call and, once the call is back, its result. Their running calls are waited for up to `wait_s`, on the
@@ -179,7 +180,7 @@ class RolloutReplica:
             for rid in request_ids:
                 if rid not in self.inflight or (self.tools is not None and self.tools.busy(rid)):
                     continue
-                exported, tool = export_request(self.engine, self.tools, rid)
+                exported, tool = export_request(self.engine, self.tools, rid, with_kv)
                 state = self.inflight.pop(rid)
                 state.tool = tool
                 out.append((exported, state))

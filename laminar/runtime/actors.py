@@ -369,8 +369,8 @@ class ReplicaActor:
     def snapshot(self) -> dict[str, Any]:
         return self.replica.snapshot()
 
-    def export_requests(self, request_ids: list[str]) -> list[Any]:
-        return self.replica.export_requests(request_ids)
+    def export_requests(self, request_ids: list[str], with_kv: bool = False) -> list[Any]:
+        return self.replica.export_requests(request_ids, with_kv=with_kv)
 
     def import_requests(self, items: list[Any]) -> list[str]:
         return self.replica.import_requests(items)

@@ -39,6 +39,70 @@ def test_export_half_way_and_import_continues_identically(model):
     assert moved.reprefill_tokens == len(exported.output_token_ids)
 
 
+def test_a_request_moved_with_its_keys_and_values_continues_without_a_prefill(model):
+    """`with_kv`: the receiver takes the cached keys and values and prefills only the last sampled token; the
+    tokens and log-probs are those of a request that never moved. A receiver at another version, or without
+    the blocks, re-prefills instead; a parked request moves with its cache too and resumes exactly."""
+    prompt = list(range(30, 50))
+    ref = engine_for(model)
+    ref.add_request("r", prompt, PARAMS)
+    expected = drain(ref)["r"]
+
+    def moved_half_way(dst, parked: bool = False):
+        src = engine_for(model)
+        src.add_request("r", prompt, PARAMS)
+        for _ in range(12):
+            src.step()
+        if parked:
+            src.park("r")
+        exported = pickle.loads(pickle.dumps(src.export_request("r", with_kv=True)))
+        assert (
+            exported.kv is not None
+            and exported.kv.num_tokens == len(prompt) + len(exported.output_token_ids) - 1
+        )
+        before = dst.prefill_tokens
+        dst.import_request(exported)
+        if parked:
+            assert dst.stats().parked == 1
+            assert dst.resume("r", []) is None
+        return drain(dst)["r"], dst.prefill_tokens - before
+
+    dst = engine_for(model)
+    moved, prefilled = moved_half_way(dst)
+    assert moved.output_token_ids == expected.output_token_ids
+    assert moved.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+    assert prefilled == 1 and moved.reprefill_tokens == 0  # the last sampled token only
+    assert dst.stats().kv_blocks_used == 0  # every block came back
+
+    parked, prefilled = moved_half_way(engine_for(model), parked=True)
+    assert parked.output_token_ids == expected.output_token_ids and prefilled == 1
+
+    newer = engine_for(model)
+    newer.version = 1  # other weights: the moved cache is not theirs, so it is computed again
+    again, prefilled = moved_half_way(newer)
+    assert prefilled > 20 and again.reprefill_tokens > 0
+
+    full = engine_for(model, num_kv_blocks=7)  # one block free, two needed: it waits and re-prefills
+    full.add_request("x", list(range(60, 150)), SamplingParams(max_new_tokens=2, ignore_eos=True, seed=1))
+    full.step()
+    assert len(full.blocks.free) == 1
+    crowded, prefilled = moved_half_way(full)
+    assert crowded.output_token_ids == expected.output_token_ids and prefilled > 20
+
+    # a request ahead of a moved one that cannot start otherwise takes its blocks (it re-prefills later)
+    src = engine_for(model)
+    src.add_request("r", prompt, PARAMS)
+    for _ in range(12):
+        src.step()
+    ahead = engine_for(model, num_kv_blocks=7)
+    ahead.import_request(src.export_request("r", with_kv=True))
+    assert len(ahead.blocks.free) == 5
+    ahead.add_request("y", list(range(60, 150)), SamplingParams(max_new_tokens=2, ignore_eos=True, seed=1))
+    ahead.scheduler.waiting.rotate(1)  # y first: it needs 6 blocks
+    done = drain(ahead)
+    assert done["r"].output_token_ids == expected.output_token_ids and len(done["y"].output_token_ids) == 2
+
+
 def test_batch_composition_does_not_change_samples(model):
     prompt = [11, 12, 13, 14]
     alone = engine_for(model)

@@ -110,7 +110,9 @@ class Replica:
             "inflight": sorted(self.running),
         }
 
-    def export_requests(self, rids: list[str]) -> list[tuple[ExportedRequest, InFlight]]:
+    def export_requests(
+        self, rids: list[str], with_kv: bool = False
+    ) -> list[tuple[ExportedRequest, InFlight]]:
         self._tick("export_requests")
         return [self.running.pop(r) for r in rids if r in self.running and r not in self.stays]
 

@@ -109,6 +109,7 @@ def test_repacked_and_recovered_trajectories_finish_exactly_as_if_they_had_staye
             "repack.batch_limit_b=64",
             "repack.kv_capacity=1.0",
             "repack.only_with_work=false",  # move whenever possible: this test checks the moves
+            "repack.move_kv=true",  # moved requests take their keys and values along (none prefilled again)
             "rollout.progress_every=2",
             "task.tool_calls_mean=2",
             "task.tool_calls_min=1",  # every trajectory has a turn: every moved one carries one
