@@ -166,6 +166,19 @@ def check_engine_against_cpu() -> dict:
         for f in dst.step().finished:
             got[f.request_id] = f
     res["export_import_identical"] = got["r0"].output_token_ids == want.output_token_ids
+    # the same move with the request's keys and values: nothing but the last sampled token prefilled again
+    src = Engine(cfg, weights=state, device="cuda", max_model_len=300)
+    dst = Engine(cfg, weights=state, device="cuda", max_model_len=300)
+    src.add_request("r0", prompts[0], SamplingParams(**{**params.__dict__, "seed": 0}))
+    for _ in range(25):
+        src.step()
+    dst.import_request(src.export_request("r0", with_kv=True))
+    got = {}
+    while dst.has_unfinished():
+        for f in dst.step().finished:
+            got[f.request_id] = f
+    res["export_import_with_kv_identical"] = got["r0"].output_token_ids == want.output_token_ids
+    res["export_import_with_kv_prefilled"] = dst.prefill_tokens
     return res
 
 
@@ -196,6 +209,7 @@ def main() -> int:
         res["greedy"]["identical_requests"].split("/")[0] == res["greedy"]["identical_requests"].split("/")[1]
     )
     ok &= res["export_import_identical"]
+    ok &= res["export_import_with_kv_identical"] and res["export_import_with_kv_prefilled"] == 1
     print("CUDA CHECKS", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 
