@@ -34,6 +34,20 @@ def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return (a @ b).float()
 
 
+def _forward_by_chunks(ctx, hidden, weight, targets, temperature, dtype, chunk, acc, rows) -> torch.Tensor:
+    """The forward of both paths: each chunk's logits (in `dtype`) go to `rows(logits, targets, lse, out)`,
+    which fills that chunk's log-sum-exp and target log-prob; what the backward needs is saved."""
+    w = weight.to(dtype)
+    out = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
+    lse = torch.empty_like(out)
+    for s in range(0, hidden.shape[0], chunk):
+        logits = hidden[s : s + chunk].to(dtype) @ w.T
+        rows(logits, targets[s : s + chunk], lse[s : s + chunk], out[s : s + chunk])
+    ctx.save_for_backward(hidden, weight, targets, lse)
+    ctx.temperature, ctx.dtype, ctx.chunk = temperature, dtype, chunk
+    return out
+
+
 class _FusedLogprob(torch.autograd.Function):
     """`_ChunkedLogprob` on CUDA in half precision: the logits of a chunk stay in `dtype`; two Triton passes do
     the softmax (fp32 arithmetic), the backward writing the logits' gradient over them."""
@@ -42,17 +56,12 @@ class _FusedLogprob(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, temperature: float, dtype: torch.dtype, chunk: int):  # type: ignore[override]
         from laminar.trainer.logprob_kernels import lse_and_logprob
 
-        w = weight.to(dtype)
-        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        lse = torch.empty_like(out)
-        for s in range(0, hidden.shape[0], chunk):
-            logits = hidden[s : s + chunk].to(dtype) @ w.T
-            lse_and_logprob(
-                logits, targets[s : s + chunk], temperature, lse[s : s + chunk], out[s : s + chunk]
-            )
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.dtype, ctx.chunk = temperature, dtype, chunk
-        return out
+        def rows(logits, tgt, lse, out):
+            lse_and_logprob(logits, tgt, temperature, lse, out)
+
+        return _forward_by_chunks(
+            ctx, hidden, weight, targets, temperature, dtype, chunk, torch.float32, rows
+        )
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
@@ -83,19 +92,14 @@ class _ChunkedLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, dtype: torch.dtype, chunk: int):  # type: ignore[override]
-        w = weight.to(dtype)
         acc = torch.promote_types(dtype, torch.float32)  # the softmax's precision: fp32, or fp64 if asked
-        out = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
-        lse = torch.empty_like(out)
-        for s in range(0, hidden.shape[0], chunk):
-            logits = (hidden[s : s + chunk].to(dtype) @ w.T).to(acc) / temperature
-            lse[s : s + chunk] = torch.logsumexp(logits, dim=-1)
-            out[s : s + chunk] = (
-                logits.gather(1, targets[s : s + chunk, None]).squeeze(1) - lse[s : s + chunk]
-            )
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.dtype, ctx.chunk = temperature, dtype, chunk
-        return out
+
+        def rows(logits, tgt, lse, out):
+            logits = logits.to(acc) / temperature
+            lse[:] = torch.logsumexp(logits, dim=-1)
+            out[:] = logits.gather(1, tgt[:, None]).squeeze(1) - lse
+
+        return _forward_by_chunks(ctx, hidden, weight, targets, temperature, dtype, chunk, acc, rows)
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
