@@ -83,7 +83,7 @@ class ModelRunner:
         return MovedKV(
             num_tokens,
             (self.k_cache.shape[0], num_tokens, heads, dim),
-            str(self.k_cache.dtype).removeprefix("torch."),
+            self._kv_dtype(),
             take(self.k_cache),
             take(self.v_cache),
         )
@@ -92,7 +92,10 @@ class ModelRunner:
         """Whether `kv` came from an engine of this model shape and cache dtype."""
         layers, _, heads, dim = kv.shape
         same_shape = (layers, heads, dim) == (self.k_cache.shape[0], *self.k_cache.shape[3:])
-        return same_shape and kv.dtype == str(self.k_cache.dtype).removeprefix("torch.")
+        return same_shape and kv.dtype == self._kv_dtype()
+
+    def _kv_dtype(self) -> str:
+        return str(self.k_cache.dtype).removeprefix("torch.")
 
     def write_kv(self, block_table: list[int], kv: MovedKV) -> None:
         """Put moved keys and values into this engine's blocks `block_table` (which cover `kv.num_tokens`)."""

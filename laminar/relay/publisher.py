@@ -208,49 +208,43 @@ class ShardWriter:
         self._views: dict[str, MappedView] = {}
         self._pinned: set[str] = set()
 
-    def write(self, path: str, layout: Any, shards: list[Any]) -> None:
-        """`shards`: objects with `name`, `first_row` and `local` (this rank's rows, on any device)."""
-        view = self._map(path, layout.total_bytes)
-        dst = torch.from_numpy(view.array)
+    @staticmethod
+    def placed(layout: Any, shards: list[Any]) -> list[tuple[int, int, torch.Tensor]]:
+        """(offset in the flat layout, bytes, rows) of each non-empty shard. `shards`: objects with `name`,
+        `first_row` and `local` (this rank's rows, on any device)."""
         entry = {e.name: e for e in layout.entries}
-        cuda = False
+        out = []
         for sh in shards:
             e = entry[sh.name]
             if sh.local.numel() == 0:
                 continue
             row_bytes = e.nbytes // e.shape[0] if e.shape else e.nbytes
-            start = e.offset + sh.first_row * row_bytes
             n = sh.local.numel() * sh.local.element_size()
             if sh.first_row * row_bytes + n > e.nbytes:
                 raise ValueError(f"{sh.name}: rows from {sh.first_row} ({n} bytes) pass the tensor's end")
-            dst[start : start + n].view(sh.local.dtype).view(sh.local.shape).copy_(
-                sh.local, non_blocking=True
-            )
-            cuda |= sh.local.is_cuda
+            out.append((e.offset + sh.first_row * row_bytes, n, sh.local))
+        return out
+
+    def write(self, path: str, layout: Any, shards: list[Any]) -> None:
+        """This rank's rows into the publish slot at `path`, each at its offset."""
+        dst = torch.from_numpy(self._map(path, layout.total_bytes).array)
+        cuda = False
+        for start, n, x in self.placed(layout, shards):
+            dst[start : start + n].view(x.dtype).view(x.shape).copy_(x, non_blocking=True)
+            cuda |= x.is_cuda
         if cuda:
             torch.cuda.synchronize()
 
     def pack(self, layout: Any, shards: list[Any]) -> tuple[list[tuple[int, int]], np.ndarray]:
         """A rank on another machine than the publish slot: its rows as (offset, length) ranges of the flat
         layout and their bytes back to back, for the master relay's `piece` (which assembles the version)."""
-        entry = {e.name: e for e in layout.entries}
-        ranges, parts = [], []
-        for sh in shards:
-            e = entry[sh.name]
-            if sh.local.numel() == 0:
-                continue
-            row_bytes = e.nbytes // e.shape[0] if e.shape else e.nbytes
-            n = sh.local.numel() * sh.local.element_size()
-            if sh.first_row * row_bytes + n > e.nbytes:
-                raise ValueError(f"{sh.name}: rows from {sh.first_row} ({n} bytes) pass the tensor's end")
-            ranges.append((e.offset + sh.first_row * row_bytes, n))
-            parts.append(sh.local)
-        out = torch.empty(sum(n for _, n in ranges), dtype=torch.uint8)
+        placed = self.placed(layout, shards)
+        out = torch.empty(sum(n for _, n, _ in placed), dtype=torch.uint8)
         at = 0
-        for (_, n), x in zip(ranges, parts):
+        for _, n, x in placed:
             out[at : at + n].view(x.dtype).view(x.shape).copy_(x)
             at += n
-        return ranges, out.numpy()
+        return [(start, n) for start, n, _ in placed], out.numpy()
 
     def _map(self, path: str, nbytes: int) -> MappedView:
         view = self._views.get(path)

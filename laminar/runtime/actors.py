@@ -292,9 +292,8 @@ class TrainerActor:
         if self.rank == 0:
             slot, where[0] = self.publisher.reserve(self.layout.total_bytes)
         dist.broadcast_object_list(where, src=0)
-        if (
-            self.remote
-        ):  # another machine: the rows go to the master relay, through this machine's object store
+        # a rank on another machine sends its rows to the master relay, through its own object store
+        if self.remote:
             ranges, data = self.writer.pack(self.layout, shards)
             self._collect_pieces()
             self.pieces.append(self.master.piece.remote(self.trainer.version, ranges, data))
