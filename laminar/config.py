@@ -115,6 +115,7 @@ class TrainerConfig:
     )
     cpu_offload: bool = False  # num_workers > 1: parameters, gradients and optimizer state in host memory
     compile: bool = False  # CUDA: each decoder layer through torch.compile (elementwise work fused)
+    reshard_after_forward: bool = True  # num_workers > 1: false keeps each layer gathered until its backward
     checkpoint_every: int = 20
     warmup_steps: int = 2  # steps excluded from the throughput window
     max_nonfinite_steps: int = 3  # non-finite loss or gradient: steps skipped in a row before the run stops
@@ -144,8 +145,8 @@ class RepackConfig:
     only_with_work: bool = True
     # which tails the release cap packs first: false = the oldest versions', true = the newest versions' (the
     # oldest, the staleness tail, keep running alone at their fastest)
-    newest_first: bool = False
-    max_age: int = -1  # leave replicas running work this many versions behind the trainer alone; -1 = none
+    newest_first: bool = True
+    max_age: int = 3  # leave replicas running work this many versions behind the trainer alone; -1 = none
     # a moved trajectory takes its cached keys and values along (the destination prefills nothing again);
     # false: it re-prefills its context there
     move_kv: bool = False
@@ -156,7 +157,8 @@ class RepackConfig:
 
 @dataclass
 class BufferConfig:
-    capacity_groups: int = 32  # groups dispatched and not yet trained on, at most (flow control)
+    # groups dispatched and not yet trained on, at most (flow control); 0 = three trainer steps' worth
+    capacity_groups: int = 0
     max_staleness: int = -1  # -1 = unbounded (Laminar's default); stream/partial use schedule.staleness
     # which complete groups the trainer takes: fifo (first completed), oldest (oldest version first: a lower
     # staleness tail), freshest, or module:function (laminar.data.experience_buffer.Sampler)
@@ -170,7 +172,7 @@ class ScheduleConfig:
     global_push: bool = False  # laminar ablation: wait for every relay to hold each version (a global push)
     # laminar: a replica more than this many versions behind the trainer gets no new work until it pulls
     # (0: every group starts on the newest version); -1 = no bound
-    max_lag: int = -1
+    max_lag: int = 0
 
 
 @dataclass
@@ -305,6 +307,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     for text in overrides:
         key, value = parse_override(text)
         _apply(cfg, _nest(key, value))
+    if cfg.buffer.capacity_groups == 0:  # three trainer steps ahead (the simulated dispatch policy)
+        cfg.buffer.capacity_groups = 3 * cfg.trainer.groups_per_step
     validate(cfg)
     return cfg
 

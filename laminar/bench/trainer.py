@@ -120,6 +120,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         cpu_offload=args.cpu_offload,
         packing=args.packing,
         compile=args.compile,
+        reshard_after_forward=not args.no_reshard,
         compute_dtype=args.compute_dtype,
     )
     trainer = Trainer(cfg, model=model, rank=rank, world=world)
@@ -249,6 +250,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         "activation_checkpointing": args.activation_checkpointing,
         "cpu_offload": args.cpu_offload,
         "compile": args.compile,
+        "reshard_after_forward": not args.no_reshard,
         "compute_dtype": args.compute_dtype
         or ("bfloat16" if args.device == "cuda" and args.ranks == 1 else ""),
         "micro_batches_per_step_rank0": cuts,
@@ -301,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--activation-checkpointing", action="store_true")
     ap.add_argument("--cpu-offload", action="store_true")
     ap.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (CUDA)")
+    ap.add_argument(
+        "--no-reshard",
+        action="store_true",
+        help="ranks > 1: keep each layer's gathered weights from its forward to its backward",
+    )
     ap.add_argument(
         "--compute-dtype",
         default="",

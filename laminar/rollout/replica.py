@@ -28,6 +28,8 @@ SCORE_WORKERS = 4  # threads a replica scores finished trajectories on
 # How long an export waits for the tool calls of the requests it moves (off the decode loop). A call still running
 # after that keeps its request here: a tool runs once per turn, and only recovery may run one again.
 TOOL_EXPORT_WAIT_S = 1.0
+# Longest a replica waits for the partial response pool to record a tool call before the call runs.
+POOL_ACK_S = 30.0
 
 
 def describe_error(exc: BaseException) -> tuple[str, str]:
@@ -329,12 +331,16 @@ class RolloutReplica:
             for fin in out.finished:
                 self._finish(fin)
             if self.tools is not None:  # park turns that end in a call; resume those whose call came back
-                self.tools.after_step(self.engine, out)
+                self.tools.after_step(self.engine, out, start=False)
+                parked = self.tools.changed()
+                if parked:  # write-ahead: the pool records each call before it runs, so a re-run is counted
+                    self._report_progress(parked, wait=True)
+                self.tools.start_parked()
                 for fin in self.tools.poll(self.engine, wait_s=0.0 if out.new_tokens else 0.02):
                     self._finish(fin)
-                changed = self.tools.changed()
-                if changed:  # the pool learns every call made and every result given at once
-                    self._report_progress(changed)
+                resumed = self.tools.changed()
+                if resumed:  # the pool learns every result given at once
+                    self._report_progress(resumed)
             steps += 1
             if steps % self.progress_every == 0:
                 self._report_progress()
@@ -368,10 +374,11 @@ class RolloutReplica:
                     self.engine.import_request(e)
         self._newest_ref = self.relay.newest_version.remote()
 
-    def _report_progress(self, rids: set[str] | None = None) -> None:
+    def _report_progress(self, rids: set[str] | None = None, wait: bool = False) -> None:
         """New tokens (with log-probs and loss mask) to the partial response pool, with the tool state they end
         in: a recovery continues after the last turn the pool knows, with the result of its call if that came
-        back. `rids`: these requests (their tool state changed), reported even with no new token."""
+        back. `rids`: these requests (their tool state changed), reported even with no new token. `wait`: return
+        once the pool has them (a pool that does not answer in `POOL_ACK_S` is not waited for longer)."""
         updates = {}
         for rid in self.inflight if rids is None else rids:
             state = self.inflight.get(rid)
@@ -382,7 +389,12 @@ class RolloutReplica:
                 updates[rid] = update
                 state.reported += len(update[0])
         if updates:
-            self.partial_pool.progress.remote(updates)
+            ref = self.partial_pool.progress.remote(updates)
+            if wait:
+                try:
+                    ray.get(ref, timeout=POOL_ACK_S)
+                except ray.exceptions.GetTimeoutError:
+                    pass  # the calls start regardless; a re-run after a death in this window goes uncounted
 
     def _finish(self, fin: Any) -> None:
         state = self.inflight.pop(fin.request_id)

@@ -156,4 +156,5 @@ def trainer_config(cfg: Config, model_path: str, cuda: bool) -> Any:
         packing=t.packing,
         cpu_offload=t.cpu_offload,
         compile=t.compile,
+        reshard_after_forward=t.reshard_after_forward,
     )

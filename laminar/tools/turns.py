@@ -9,7 +9,9 @@ after the cached prefix and which are never trained on (their mask is 0).
 A request's tool state travels with its tokens (`TurnState`: repack, export/import, the partial response pool): the
 call it is parked on and, once that call has come back, its result, so the receiving replica resumes it with the
 result instead of running the call again. Only a call whose result was lost (its replica died while it ran) runs
-again; `ToolTurns.reruns` counts those.
+again; `ToolTurns.reruns` counts those. The replica records a park with the pool before the call starts
+(`after_step(start=False)`, then `start_parked`), so a call that ran is never unknown to a recovery: every call
+that runs twice is counted.
 """
 
 from __future__ import annotations
@@ -97,14 +99,17 @@ class ToolTurns:
     errors: int = 0
     reruns: int = 0  # calls run again here because their result was lost with another replica
     _changed: set[str] = field(default_factory=set)
+    # parked by `after_step(start=False)`, their calls not started yet
+    _unstarted: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="tool")
 
     # ---- the loop's two hooks ----------------------------------------------------------------------------
-    def after_step(self, engine: Any, out: Any) -> None:
+    def after_step(self, engine: Any, out: Any, start: bool = True) -> None:
         """For each request that sampled a token this step: if its turn now ends in a tool call, park it and
-        start the call."""
+        start the call. `start=False`: park only; `start_parked` starts the calls once their parks are recorded
+        (the replica's write-ahead: the partial response pool learns of a call before it runs)."""
         finished = {f.request_id for f in out.finished}
         for rid, new in out.new_tokens.items():
             if rid in finished:
@@ -120,16 +125,28 @@ class ToolTurns:
                     continue
                 turn.latency_s = float(script["latency_s"][turn.calls])
                 turn.scripted_ids = [self.script_token] * int(script["output_tokens"])
-                self._park(engine, rid, turn)
+                self._park(engine, rid, turn, start)
                 continue
             turn.call = self._find_call(output[turn.start :], new)
             if turn.call is not None:
-                self._park(engine, rid, turn)
+                self._park(engine, rid, turn, start)
 
-    def _park(self, engine: Any, rid: str, turn: Turn) -> None:
+    def _park(self, engine: Any, rid: str, turn: Turn, start: bool) -> None:
         engine.park(rid)
         turn.calls += 1
-        self._run(rid, turn)
+        if start:
+            self._run(rid, turn)
+        else:
+            self._unstarted.append(rid)
+            self._changed.add(rid)
+
+    def start_parked(self) -> None:
+        """Start the calls that `after_step(start=False)` parked."""
+        for rid in self._unstarted:
+            turn = self.turns.get(rid)
+            if turn is not None and turn.parked and turn.pending is None:
+                self._run(rid, turn)
+        self._unstarted.clear()
 
     def _run(self, rid: str, turn: Turn) -> None:
         """Start the call the request is parked on."""

@@ -171,10 +171,12 @@ class PolicyLogprobs(nn.Module):
     ) -> torch.Tensor:
         """`packed`: a packed row's `position_ids` and cumulative lengths (see `laminar.trainer.packing`)."""
         if not self.chunked:  # an output layer with extras: full logits, then the chosen rows
-            logits = self.model(input_ids=ids, attention_mask=attn, **packed).logits.flatten(0, 1)[positions]
+            out = self.model(input_ids=ids, attention_mask=attn, use_cache=False, **packed)
+            logits = out.logits.flatten(0, 1)[positions]
             logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
             return logp.gather(1, targets[:, None]).squeeze(1)
-        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, **packed).last_hidden_state
+        decoder = self.model.get_decoder()
+        hidden = decoder(input_ids=ids, attention_mask=attn, use_cache=False, **packed).last_hidden_state
         hidden = hidden.flatten(0, 1).index_select(0, positions)
         weight = self.model.get_output_embeddings().weight
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else hidden.dtype

@@ -59,6 +59,9 @@ class TrainerConfig:
         False  # sharded trainer only: parameters, gradients and optimizer state in host memory
     )
     compile: bool = False  # CUDA: each decoder layer through torch.compile (its elementwise work fused)
+    # FSDP: free each layer's gathered weights after its forward, gather them again for the backward (false:
+    # keep them until the backward: one all-gather a layer fewer, the whole bf16 model resident on every rank)
+    reshard_after_forward: bool = True
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
     def __post_init__(self) -> None:
@@ -164,7 +167,7 @@ class Trainer:
         if cfg.compile and self.device.type == "cuda":
             compile_layers(forward_model)
         if world > 1:
-            shard_policy(self.policy, self.device, cfg.cpu_offload)
+            shard_policy(self.policy, self.device, cfg.cpu_offload, cfg.reshard_after_forward)
             if self.ref_policy is not None:  # forward only: each rank keeps its rows, gathered layer by layer
                 shard_policy(self.ref_policy, self.device, cpu_offload=False)
         else:
@@ -730,8 +733,10 @@ def _first_row(p: torch.Tensor, rank: int, world: int) -> int:
 def compile_layers(model: PreTrainedModel) -> None:
     """Regional compilation: each decoder layer's forward through torch.compile, in place (the module and its
     parameter names stay as they are, so sharding, checkpoints and the publish see the same model). Norms,
-    rotary embeddings, activations and casts fuse into a few kernels; the layers share one compiled graph,
-    recompiled only for new shapes (packed micro-batches vary in length, hence dynamic shapes)."""
+    rotary embeddings, activations and casts fuse into a few kernels around the matrix products and the
+    attention; the layers share one compiled graph with dynamic shapes (packed micro-batches change length every
+    step). The policy's forward passes `use_cache=False`: a KV cache object in the layer's arguments changes
+    the graph's guards layer by layer, and the recompile limit then leaves every layer eager."""
     layers = getattr(model.get_decoder(), "layers", None)
     if layers is None:
         raise ValueError(
@@ -742,7 +747,9 @@ def compile_layers(model: PreTrainedModel) -> None:
         layer.compile(dynamic=True)
 
 
-def shard_policy(policy: PolicyLogprobs, device: torch.device, cpu_offload: bool) -> None:
+def shard_policy(
+    policy: PolicyLogprobs, device: torch.device, cpu_offload: bool, reshard_after_forward: bool = True
+) -> None:
     """FSDP2: each decoder layer its own unit, then the whole policy (embeddings, final norm, output layer). On
     CUDA: bf16 compute from fp32 master weights, gradients reduced in fp32."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -756,5 +763,5 @@ def shard_policy(policy: PolicyLogprobs, device: torch.device, cpu_offload: bool
         policy.to(device)
     layers = getattr(policy.model.get_decoder(), "layers", None)
     for layer in layers if layers is not None else []:
-        fully_shard(layer, **kw)
+        fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
     fully_shard(policy, **kw)

@@ -9,7 +9,7 @@ responses lognormal with median 256 and p99 10x, at most 2048), seed 1.
 COMPUTE_DTYPE: '' (the trainer's default: a bf16 compute copy on CUDA) or float32 (fp32 weights under autocast).
 """
 
-import sys, time, torch
+import os, sys, time, torch
 from transformers import AutoModelForCausalLM
 from laminar.bench.trainer import synthetic_groups
 from laminar.engine.random_model import shape_config
@@ -31,8 +31,10 @@ cfg = TrainerConfig(
     publish_dtype="bfloat16",
     packing="on",
     compute_dtype=compute,
+    compile=os.environ.get("BD_COMPILE") == "layers",
 )
 tr = Trainer(cfg, model=model, rank=0, world=1)
+print("compile:", os.environ.get("BD_COMPILE", "none"))
 vocab = tr.model.config.vocab_size
 batches = [synthetic_groups(8, 8, 32, 256, 2048, vocab, s, 10.0) for s in range(4)]
 
@@ -78,12 +80,12 @@ dec = pol.model.get_decoder()
 
 def dec_fwd():
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        return dec(input_ids=batch["ids"], attention_mask=None, **batch["packed"]).last_hidden_state
+        return dec(input_ids=batch["ids"], attention_mask=None, use_cache=False, **batch["packed"]).last_hidden_state
 
 
 def dec_fwdbwd():
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        h = dec(input_ids=batch["ids"], attention_mask=None, **batch["packed"]).last_hidden_state
+        h = dec(input_ids=batch["ids"], attention_mask=None, use_cache=False, **batch["packed"]).last_hidden_state
     h.float().sum().backward()
 
 

@@ -14,4 +14,8 @@ bench qwen0.5b-2gpu --shape qwen2.5-0.5b --ranks 2 --micro-batch-tokens 16384
 bench qwen1.5b-2gpu --shape qwen2.5-1.5b --ranks 2 --micro-batch-tokens 16384
 bench qwen1.5b-2gpu-compile --shape qwen2.5-1.5b --ranks 2 --micro-batch-tokens 16384 --compile
 bench qwen0.5b-1gpu-compile --shape qwen2.5-0.5b --ranks 1 --micro-batch-tokens 16384 --compile
+bench qwen0.5b-1gpu-32768-compile --shape qwen2.5-0.5b --ranks 1 --micro-batch-tokens 32768 --compile
+bench qwen1.5b-2gpu-noreshard --shape qwen2.5-1.5b --ranks 2 --micro-batch-tokens 16384 --no-reshard
+bench qwen1.5b-2gpu-32768-noreshard --shape qwen2.5-1.5b --ranks 2 --micro-batch-tokens 32768 --no-reshard
+bench qwen1.5b-2gpu-32768-compile --shape qwen2.5-1.5b --ranks 2 --micro-batch-tokens 32768 --compile
 bench qwen7b-2gpu --shape qwen2.5-7b --ranks 2 --micro-batch-tokens 16384 --activation-checkpointing

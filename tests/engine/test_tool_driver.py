@@ -90,6 +90,40 @@ def test_max_turns_bounds_the_calls(model):
     assert done["r"].output_mask.count(0) == 2
 
 
+def test_a_call_runs_only_after_its_park_is_recorded(model):
+    """The replica's write-ahead: `after_step(start=False)` parks and marks the request changed, the replica
+    records that with the partial response pool, and only `start_parked` runs the call. So a call never runs
+    unknown to the pool, and a recovery counts every call it runs again."""
+    recorded: set[str] = set()
+    seen_before_running = []
+
+    def tool(arguments: str, limits) -> ToolResult:  # noqa: ANN001 - SandboxLimits
+        seen_before_running.append(arguments in recorded)
+        return ToolResult(text="ok", ok=True, reason="ok", seconds=0.0, truncated=False)
+
+    turns = ToolTurns(
+        tools={"t": tool},
+        decode=str,
+        render=lambda text: [3],
+        max_turns=3,
+        detect=lambda ids: ToolCall("t", str(len(ids)), "") if len(ids) % 2 == 0 else None,
+    )
+    engine = engine_for(model)
+    engine.add_request("r", PROMPT, replace(PARAMS, max_new_tokens=12))
+    while engine.has_unfinished():
+        out = engine.step()
+        turns.after_step(engine, out, start=False)
+        for rid in turns.changed():  # what the replica reports (and waits for) before starting the calls
+            state = turns.state(rid)
+            assert state.parked and state.result is None and not turns.busy(rid)
+            recorded.add(state.call.arguments)
+        turns.start_parked()
+        turns.poll(engine, wait_s=0.0 if out.new_tokens else 0.05)
+        turns.changed()  # the resumed ones, reported without waiting
+    turns.shutdown()
+    assert turns.calls == 3 and seen_before_running == [True, True, True]
+
+
 def test_a_scripted_call_workload_parks_where_the_script_says(model):
     """The benchmark's tool workload: calls after the scripted counts of sampled tokens, each returning its
     scripted number of context tokens."""

@@ -66,7 +66,8 @@ def test_max_lag_gives_new_work_only_to_replicas_close_to_the_trainer():
     assert Dispatch(4, 24, 8).quota(0, 3, dispatched=24, consumed=24) == 4
     built = Schedule.from_config(load_config(None, ["schedule.max_lag=0"])).dispatch
     assert built.max_lag == 0 and built.ahead is None
-    assert Schedule.from_config(load_config(None, [])).dispatch.max_lag is None  # the runtime's default
+    assert Schedule.from_config(load_config(None, [])).dispatch.max_lag == 0  # the runtime's default
+    assert Schedule.from_config(load_config(None, ["schedule.max_lag=-1"])).dispatch.max_lag is None
 
 
 def test_repack_gate_leaves_the_room_to_replicas_already_asking():
