@@ -444,6 +444,12 @@ def validate(cfg: Config) -> None:
         "false with trainer.num_workers=1 (offload is part of the sharded trainer)",
     )
     _check(
+        t.reshard_after_forward or t.num_workers > 1,
+        "trainer.reshard_after_forward",
+        t.reshard_after_forward,
+        "true with trainer.num_workers=1 (resharding is part of the sharded trainer)",
+    )
+    _check(
         t.micro_batch_tokens >= 0,
         "trainer.micro_batch_tokens",
         t.micro_batch_tokens,
@@ -489,7 +495,7 @@ def validate(cfg: Config) -> None:
         cfg.buffer.capacity_groups >= t.groups_per_step,
         "buffer.capacity_groups",
         cfg.buffer.capacity_groups,
-        f"at least trainer.groups_per_step ({t.groups_per_step})",
+        f"0 (three trainer steps) or at least trainer.groups_per_step ({t.groups_per_step})",
     )
     _check(
         cfg.schedule.name in SCHEDULE_NAMES, "schedule.name", cfg.schedule.name, " | ".join(SCHEDULE_NAMES)

@@ -10,6 +10,14 @@ def test_defaults_are_the_demo_and_valid():
     assert cfg.schedule.name == "laminar" and cfg.rollout.replicas >= 3
 
 
+def test_the_default_dispatch_bound_is_three_trainer_steps():
+    """`buffer.capacity_groups` 0 resolves to 3 x `trainer.groups_per_step` (Laminar's dispatch policy), after
+    the file and the overrides, so a smaller step gets a smaller bound; a number given is kept."""
+    assert load_config().buffer.capacity_groups == 3 * load_config().trainer.groups_per_step
+    assert load_config(None, ["trainer.groups_per_step=4"]).buffer.capacity_groups == 12
+    assert load_config(None, ["buffer.capacity_groups=20"]).buffer.capacity_groups == 20
+
+
 def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("trainer:\n  lr: 0.001\n  steps: 7\nschedule: sync\n")
@@ -34,6 +42,8 @@ def test_yaml_then_overrides(tmp_path):
         ("trainer.mini_batches=1000", ["trainer.mini_batches", "groups_per_step x group_size = 128"]),
         ("trainer.filter_groups=maybe", ["trainer.filter_groups", "true or false"]),
         ("trainer.filter_take_limit=0", ["trainer.filter_take_limit", "at least 1"]),
+        ("trainer.reshard_after_forward=false", ["trainer.reshard_after_forward", "num_workers=1"]),
+        ("buffer.capacity_groups=8", ["buffer.capacity_groups", "0 (three trainer steps)", "(16)"]),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_valid(override, names):
