@@ -18,7 +18,7 @@ demo: $(STAMP)
 	RAY_AUTH_MODE=disabled $(BIN)/laminar train --out runs/demo
 
 test: $(STAMP)
-	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff check laminar tests && $(BIN)/ruff format --check laminar tests

@@ -129,6 +129,13 @@ class RolloutManager:
         """The relay chain as it stands now, master first (relinked after a relay died)."""
         return list(self.fleet.relays)
 
+    def master(self) -> Any:
+        """The master relay heading the chain, or None while a dead one is being replaced (the chain is then
+        headed by a node relay, which the trainer must not publish into)."""
+        node_relays = {r._actor_id for r in self.fleet.relay_of_node.values()}
+        head = self.fleet.relays[0] if self.fleet.relays else None
+        return None if head is None or head._actor_id in node_relays else head
+
     def placement(self) -> dict[str, Any]:
         """Which machine each relay of the chain (master first) and each replica is on."""
         node_of_relay = {r._actor_id: n for n, r in self.fleet.relay_of_node.items()}

@@ -80,8 +80,11 @@ class WeightPublisher:
         self.errors: list[str] = []
 
     def set_master(self, master: Any) -> None:
-        """Point at a new master relay (the old one died)."""
+        """Point at a new master relay (the old one died). It holds nothing yet, so the next publish may be the
+        last published version again (the trainer's republish)."""
         self._master = master
+        if self.last_version is not None:
+            self.last_version -= 1
 
     def publish(self, version: int, state_or_flat: Any, layout: Any = None) -> float:
         """Publish `version` (a state_dict, or flat uint8 bytes with their `layout`); returns the stall in s."""

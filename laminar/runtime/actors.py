@@ -247,6 +247,11 @@ class TrainerActor:
     def version(self) -> int:
         return self.trainer.version
 
+    def republish(self) -> float:
+        """The current version again, into a master relay that does not hold it (one that replaced a dead
+        master: the dead one may have taken the newest version with it). Returns the stall."""
+        return self._publish()
+
     def check_finite(self) -> None:
         self.trainer.check_finite()
 

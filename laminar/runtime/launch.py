@@ -251,11 +251,26 @@ class Runtime:
         ref = self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids)
         while not ray.wait([ref], timeout=1.0)[0]:  # meanwhile, once a second: are the rollouts still alive?
             self.check_rollouts()
+            self.follow_master()
             if self.evaluator is not None:
                 self.evaluator.poll()
         groups = ray.get(ref)
         self.t_taken = time.time()
         return groups
+
+    def follow_master(self) -> None:
+        """After the manager replaced a dead master relay: publish into the new one from now on, and publish the
+        current version there again at once. The dead master may have taken the newest version with it, and
+        with `schedule.max_lag` 0 no replica behind the trainer gets new work until that version is out:
+        waiting for the next step's publish could wait forever, since that step needs their groups."""
+        t = self.cfg.run.timeout_s
+        master = ray.get(self.manager.master.remote(), timeout=t)
+        if master is None or master._actor_id == self.relays[0]._actor_id:
+            return
+        self.trainer.call("attach_master", master, timeout=t)
+        self.trainer.call("republish", timeout=t)
+        self.relays = ray.get(self.manager.chain.remote(), timeout=t)
+        self.recorder.log("republish", version=self.version, why="a new master relay")
 
     def check_rollouts(self) -> None:
         """Bring the manager's records into the run log (the console shows errors as they come) and raise
@@ -288,10 +303,8 @@ class Runtime:
         filtered = self.filtered
         self.since_checkpoint.append(groups)
         self.buffer.trained.remote([g[0].group_id for g in groups + filtered])
-        chain = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
-        if chain and chain[0]._actor_id != self.relays[0]._actor_id:  # the master relay was replaced
-            self.trainer.call("attach_master", chain[0], timeout=self.cfg.run.timeout_s)
-        self.relays = chain or self.relays
+        self.follow_master()
+        self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s) or self.relays
         self.publish_times[v] = m["t_publish"]
         if push:
             t = time.time()

@@ -222,6 +222,9 @@ def test_a_killed_replica_and_killed_relays_lose_nothing(ray_cluster, tiny_model
     assert [r for r in records if r["kind"] == "step"][-1]["version"] == 10
     # versions kept arriving through the new master and the rebuilt chain
     assert max(r["version"] for r in records if r["kind"] == "pull") > 7
+    # the new master was given the trainer's version at once: the dead one may have taken it along, and
+    # replicas behind the trainer (`schedule.max_lag` 0) get no new work until it is out
+    assert [r["why"] for r in records if r["kind"] == "republish"] == ["a new master relay"]
 
 
 # A run that checkpoints every second step: what the stop-and-resume tests start, stop and resume.
