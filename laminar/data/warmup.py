@@ -37,7 +37,7 @@ class WarmupConfig:
     lr: float = 3e-3
     seed: int = 1234  # the RL dataset uses other seeds, so warm-up rows are not the RL rows
     threads: int = 2
-    tool_share: float = 0.3  # tool_arith: the share of demonstrations that call the calculator
+    tool_share: float = 0.5  # tool_arith: the share of demonstrations that call the calculator
 
     @classmethod
     def for_task(cls, task: str) -> WarmupConfig:
