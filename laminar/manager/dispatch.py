@@ -17,8 +17,8 @@ class Dispatch:
     work, and only up to the end of batch v + ahead, so a group dispatched now is trained no later than `ahead`
     versions from now.
 
-    `max_lag` (Laminar, None = no bound): a replica more than `max_lag` versions behind the trainer gets no new
-    work until it has pulled a newer version. With 0, a group starts on the trainer's newest version, so the
+    `max_lag` (Laminar, None = no bound; `schedule.max_lag`, whose default is 0): a replica more than `max_lag`
+    versions behind the trainer gets no new work until it has pulled a newer version. With 0, a group starts on the trainer's newest version, so the
     version a replica held while the new one travelled to its relay adds nothing to the group's staleness; work
     in flight is never stopped (unlike `ahead`, nothing waits for the newest version but new work)."""
 
