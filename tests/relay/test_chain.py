@@ -203,6 +203,12 @@ def test_publisher_survives_a_dead_master_and_moves_to_a_new_one(nodes):
         new = relay_on_node(nodes[0], "m-new", SETTINGS)
         build_chain([new, tail])
         pub.set_master(new)
+        # the new master holds nothing: the last version, lost with the old one, goes out again (once)
+        pub.publish(4, weights(4), Layout(NBYTES))
+        ray.get(tail.wait_version.remote(4, 30), timeout=60)
+        check_pull(tail, 4)
+        with pytest.raises(ValueError, match="greater than the last published 4"):
+            pub.publish(4, weights(4), Layout(NBYTES))
         pub.publish(5, weights(5), Layout(NBYTES))
         ray.get(tail.wait_version.remote(5, 30), timeout=60)
         check_pull(tail, 5)
