@@ -99,11 +99,9 @@ class ModelRunner:
 
     def write_kv(self, block_table: list[int], kv: MovedKV) -> None:
         """Put moved keys and values into this engine's blocks `block_table` (which cover `kv.num_tokens`)."""
-        n = kv.num_tokens
-        slots = torch.as_tensor(
-            [block_table[i // self.block_size] * self.block_size + i % self.block_size for i in range(n)],
-            device=self.device,
-        )
+        pos = torch.arange(kv.num_tokens)
+        table = torch.as_tensor(block_table, dtype=torch.long)
+        slots = (table[pos // self.block_size] * self.block_size + pos % self.block_size).to(self.device)
         for cache, data in ((self.k_cache, kv.keys), (self.v_cache, kv.values)):
             rows = torch.from_numpy(np.array(data)).view(cache.dtype).view(kv.shape).to(self.device)
             cache.flatten(1, 2).index_copy_(1, slots, rows)

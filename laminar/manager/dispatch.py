@@ -18,9 +18,10 @@ class Dispatch:
     versions from now.
 
     `max_lag` (Laminar, None = no bound; `schedule.max_lag`, whose default is 0): a replica more than `max_lag`
-    versions behind the trainer gets no new work until it has pulled a newer version. With 0, a group starts on the trainer's newest version, so the
-    version a replica held while the new one travelled to its relay adds nothing to the group's staleness; work
-    in flight is never stopped (unlike `ahead`, nothing waits for the newest version but new work)."""
+    versions behind the trainer gets no new work until it has pulled a newer version. With 0, a group starts on
+    the trainer's newest version, so the version a replica held while the new one travelled to its relay adds
+    nothing to the group's staleness; work in flight is never stopped (unlike `ahead`, nothing waits for the
+    newest version but new work)."""
 
     groups_per_batch: int
     max_outstanding_groups: int

@@ -75,6 +75,7 @@ class WeightPublisher:
         self._pending: list[Any] = []  # per slot: the master's ingest ObjectRef, or None when free
         self._layout: Any = None
         self.last_version: int | None = None
+        self._resend = False  # a new master holds nothing: the last version may go out once more
         self.stalls: list[float] = []
         self.publish_times: dict[int, float] = {}
         self.errors: list[str] = []
@@ -83,15 +84,19 @@ class WeightPublisher:
         """Point at a new master relay (the old one died). It holds nothing yet, so the next publish may be the
         last published version again (the trainer's republish)."""
         self._master = master
-        if self.last_version is not None:
-            self.last_version -= 1
+        self._resend = True
+
+    def _check_version(self, version: int) -> None:
+        """Versions only grow, but for the last one again into a new master (`set_master`)."""
+        last = self.last_version
+        if last is not None and (version < last or (version == last and not self._resend)):
+            raise ValueError(f"version {version} must be greater than the last published {last}")
 
     def publish(self, version: int, state_or_flat: Any, layout: Any = None) -> float:
         """Publish `version` (a state_dict, or flat uint8 bytes with their `layout`); returns the stall in s."""
         t0 = time.perf_counter()
         wall0 = time.time()
-        if self.last_version is not None and version <= self.last_version:
-            raise ValueError(f"version {version} must be greater than the last published {self.last_version}")
+        self._check_version(version)
         if isinstance(state_or_flat, dict):
             slot, layout, nbytes = self._write_state_dict(state_or_flat)
         else:
@@ -124,12 +129,11 @@ class WeightPublisher:
     ) -> float:
         """Hand a written slot to the master relay; returns the stall since `t0` (perf_counter). `pieces`: how
         many ranks on other machines send their rows to the master relay themselves (`ShardWriter.pack`)."""
-        if self.last_version is not None and version <= self.last_version:
-            raise ValueError(f"version {version} must be greater than the last published {self.last_version}")
+        self._check_version(version)
         self._pending[slot] = self._master.ingest.remote(
             version, self._slots[slot].path, nbytes, layout, pieces=pieces
         )
-        self.last_version = version
+        self.last_version, self._resend = version, False
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
         self.publish_times[version] = time.time() - stall if wall0 is None else wall0

@@ -146,6 +146,7 @@ class ToolTurns:
             turn = self.turns.get(rid)
             if turn is not None and turn.parked and turn.pending is None:
                 self._run(rid, turn)
+                self._changed.discard(rid)  # its park is reported already
         self._unstarted.clear()
 
     def _run(self, rid: str, turn: Turn) -> None:
