@@ -38,6 +38,7 @@ class TaskConfig:
     length_median: int = 64
     length_p99_ratio: float = 10.0
     lengths_file: str = ""
+    length_prompt_words: int = 16  # the prompt: this many random digits (about a token each) and " ="
     arith_levels: str = "1,2"  # the `arith` task: comma-separated levels (laminar.data.arith.LEVELS)
     # multi-turn tool calls: built-in names (python, calculator) or module:function; empty = single turn
     tools: list[str] = field(default_factory=list)
@@ -400,6 +401,12 @@ def validate(cfg: Config) -> None:
     )
     _check(cfg.task.length_median >= 1, "task.length_median", cfg.task.length_median, "at least 1 token")
     _check(cfg.task.length_p99_ratio >= 1, "task.length_p99_ratio", cfg.task.length_p99_ratio, "at least 1")
+    _check(
+        cfg.task.length_prompt_words >= 1,
+        "task.length_prompt_words",
+        cfg.task.length_prompt_words,
+        "at least 1 (digits in a lengths prompt)",
+    )
     r, t = cfg.rollout, cfg.trainer
     _check(r.replicas >= 1, "rollout.replicas", r.replicas, "at least 1")
     _check(r.groups_per_batch >= 1, "rollout.groups_per_batch", r.groups_per_batch, "at least 1")
@@ -430,6 +437,13 @@ def validate(cfg: Config) -> None:
     _check(t.micro_batch >= 1, "trainer.micro_batch", t.micro_batch, "at least 1")
     _check(t.packing in ("auto", "on", "off"), "trainer.packing", t.packing, "auto, on or off")
     _check(t.num_workers >= 1, "trainer.num_workers", t.num_workers, "at least 1 (ranks of the trainer)")
+    _check(
+        t.num_workers == 1 or t.num_gpus == 0 or t.num_gpus > 0.5,
+        "trainer.num_gpus",
+        t.num_gpus,
+        "more than 0.5 a rank with trainer.num_workers > 1, so no two ranks share a GPU (NCCL refuses that); "
+        "a replica may take the rest of each GPU (rollout.num_gpus 0.4 beside 0.6)",
+    )
     _check(t.placement in ("pack", "spread"), "trainer.placement", t.placement, "pack or spread")
     _check(
         t.placement == "pack" or t.num_workers > 1,

@@ -43,12 +43,13 @@ def test_yaml_then_overrides(tmp_path):
         ("trainer.filter_groups=maybe", ["trainer.filter_groups", "true or false"]),
         ("trainer.filter_take_limit=0", ["trainer.filter_take_limit", "at least 1"]),
         ("trainer.reshard_after_forward=false", ["trainer.reshard_after_forward", "num_workers=1"]),
+        ("trainer.num_workers=2 trainer.num_gpus=0.5", ["trainer.num_gpus=0.5", "no two ranks share a GPU"]),
         ("buffer.capacity_groups=8", ["buffer.capacity_groups", "0 (three trainer steps)", "(16)"]),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_valid(override, names):
     with pytest.raises(ConfigError) as err:
-        load_config(None, [override])
+        load_config(None, override.split())
     for name in names:
         assert name in str(err.value)
 

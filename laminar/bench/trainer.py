@@ -175,17 +175,29 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
     barrier()
     writer = ShardWriter()
     stalls, floors = [], []
-    for _ in range(args.publishes):
+    phases: dict[str, list[float]] = {"cast": [], "write": [], "agree": []}
+    for _ in range(args.publishes):  # TrainerActor._publish's steps, each timed
         barrier()
         t = time.perf_counter()
+        flags = trainer.nonfinite_flags()
+        parts = trainer.weight_shards(check=False) if world > 1 else trainer.named_weights(check=False)
+        t_cast = time.perf_counter()
         if world > 1:
-            writer.write(slot_path[0], layout, trainer.weight_shards())
+            import torch.distributed as dist
+
+            where = [slot_path[0]]
+            dist.broadcast_object_list(where, src=0)
+            writer.write(where[0], layout, parts)
         else:
             from laminar.engine.weights import flatten_into
 
-            flatten_into(trainer.named_weights(), layout, writer._map(slot_path[0], layout.total_bytes).array)
-        barrier()
-        stalls.append(time.perf_counter() - t)
+            flatten_into(parts, layout, writer._map(slot_path[0], layout.total_bytes).array)
+        t_write = time.perf_counter()
+        trainer.raise_nonfinite(flags)  # sharded: the all-reduce every rank waits for, the barrier
+        end = time.perf_counter()
+        stalls.append(end - t)
+        for key, a, b in (("cast", t, t_cast), ("write", t_cast, t_write), ("agree", t_write, end)):
+            phases[key].append(b - a)
     local = [s.local for s in (shards or [])] or list(trainer.named_weights().values())
     nbytes = sum(x.numel() * x.element_size() for x in local)
     pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
@@ -266,6 +278,9 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         "publish_stall_s_median": round(med(stalls), 4),
         "pinned_copy_of_one_shard_s_median": round(med(floors), 4),
         "stall_over_pinned_copy": round(med(stalls) / max(med(floors), 1e-9), 2),
+        # rank 0's stall in parts: the finite flags launched and the weights cast to the publish dtype; the
+        # slot's path from rank 0 and this rank's rows written; the ranks' agreement that all are finite
+        "publish_phases_ms_median": {k: round(1e3 * med(v), 2) for k, v in phases.items()},
         "published_tensors": len(names),
     }
 

@@ -241,6 +241,7 @@ def train_rows(cfg: Any) -> list[dict[str, Any]]:
             median=t.length_median,
             p99_ratio=t.length_p99_ratio,
             lengths_file=t.lengths_file,
+            prompt_len=t.length_prompt_words,
             max_len=cfg.rollout.max_new_tokens,
             seed=t.seed,
             tool_calls_mean=t.tool_calls_mean,

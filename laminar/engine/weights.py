@@ -117,6 +117,7 @@ def flatten_into(state_dict: dict[str, torch.Tensor], layout: WeightLayout, out:
             f"out must be a 1-D uint8 buffer of >= {layout.total_bytes} bytes, got {out.dtype} {out.shape}"
         )
     dst = torch.from_numpy(out)
+    cuda = False
     for e in layout.entries:
         if e.name not in state_dict:
             raise KeyError(f"state_dict has no {e.name!r}, which the layout expects")
@@ -124,7 +125,11 @@ def flatten_into(state_dict: dict[str, torch.Tensor], layout: WeightLayout, out:
         if tuple(src.shape) != e.shape:
             raise ValueError(f"{e.name}: shape {tuple(src.shape)} does not match the layout's {e.shape}")
         view = dst[e.offset : e.offset + e.nbytes].view(DTYPES[e.dtype]).view(e.shape)
-        view.copy_(src.to(DTYPES[e.dtype]))
+        # from a GPU: queued copies (overlapping when `out` is page-locked) and one wait at the end
+        view.copy_(src.to(DTYPES[e.dtype]), non_blocking=src.is_cuda)
+        cuda |= src.is_cuda
+    if cuda:
+        torch.cuda.synchronize()
 
 
 def unflatten(buffer: np.ndarray | torch.Tensor, layout: WeightLayout) -> dict[str, torch.Tensor]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -92,9 +93,19 @@ class WeightPublisher:
         if last is not None and (version < last or (version == last and not self._resend)):
             raise ValueError(f"version {version} must be greater than the last published {last}")
 
-    def publish(self, version: int, state_or_flat: Any, layout: Any = None) -> float:
-        """Publish `version` (a state_dict, or flat uint8 bytes with their `layout`); returns the stall in s."""
-        t0 = time.perf_counter()
+    def publish(
+        self,
+        version: int,
+        state_or_flat: Any,
+        layout: Any = None,
+        check: Callable[[], None] | None = None,
+        t0: float | None = None,
+    ) -> float:
+        """Publish `version` (a state_dict, or flat uint8 bytes with their `layout`); returns the stall in s,
+        since `t0` (perf_counter; default: now). `check` runs once the slot is written and before the master
+        relay hears of it: an error it raises leaves the slot free and the version unpublished (the trainer
+        judges its weights while they copy)."""
+        t0 = time.perf_counter() if t0 is None else t0
         wall0 = time.time()
         self._check_version(version)
         if isinstance(state_or_flat, dict):
@@ -109,6 +120,8 @@ class WeightPublisher:
             nbytes = flat.nbytes
             slot = self._free_slot(nbytes)
             np.copyto(self._slots[slot].array[:nbytes], flat)
+        if check is not None:
+            check()
         return self.commit(slot, version, nbytes, layout, t0, wall0)
 
     def reserve(self, nbytes: int) -> tuple[int, str]:

@@ -282,29 +282,38 @@ class TrainerActor:
 
     def _publish(self) -> float:
         """The new version into a publish slot; returns the stall. Sharded: rank 0 picks the slot, every rank
-        writes its rows there, and after a barrier (the slowest rank's copy) rank 0 commits it."""
+        writes its rows there, and once all have (the slowest rank's copy) rank 0 commits it."""
+        # the weights are judged finite while they copy out; an unfinished check holds back the commit
+        t0 = time.perf_counter()
         if self.world == 1:
-            return self.publisher.publish(self.trainer.version, self.trainer.named_weights())
+            flags = self.trainer.nonfinite_flags()
+            return self.publisher.publish(
+                self.trainer.version,
+                self.trainer.named_weights(check=False),
+                check=lambda: self.trainer.raise_nonfinite(flags),
+                t0=t0,
+            )
         import torch.distributed as dist
 
         from laminar.engine.weights import WeightLayout
 
-        t0 = time.perf_counter()
-        shards = self.trainer.weight_shards()
+        shards = self.trainer.weight_shards(check=False)
+        flags = self.trainer.nonfinite_flags()
         if self.layout is None:
             self.layout = WeightLayout.of_specs([(s.name, s.shape, s.dtype) for s in shards])
         where: list[Any] = [None]
         if self.rank == 0:
             slot, where[0] = self.publisher.reserve(self.layout.total_bytes)
         dist.broadcast_object_list(where, src=0)
-        # a rank on another machine sends its rows to the master relay, through its own object store
-        if self.remote:
-            ranges, data = self.writer.pack(self.layout, shards)
-            self._collect_pieces()
-            self.pieces.append(self.master.piece.remote(self.trainer.version, ranges, data))
-        else:
+        # a rank on another machine sends its rows to the master relay (through its own object store) once
+        # the ranks agree they are finite
+        piece = self.writer.pack(self.layout, shards) if self.remote else None
+        if piece is None:
             self.writer.write(where[0], self.layout, shards)
-        dist.barrier()
+        self.trainer.raise_nonfinite(flags)  # an all-reduce: every rank has written its rows (the barrier)
+        if piece is not None:
+            self._collect_pieces()
+            self.pieces.append(self.master.piece.remote(self.trainer.version, *piece))
         if self.rank != 0:
             return time.perf_counter() - t0
         return self.publisher.commit(

@@ -380,18 +380,29 @@ class Trainer:
     def check_finite(self) -> None:
         """Raise `NonFiniteError` naming the first parameter that holds NaN or inf (before a publish or save).
         Sharded: every rank checks its shards and the ranks agree."""
-        params = list(self.model.named_parameters())
-        flags = torch.stack([torch.isfinite(_local(p)).all() for _, p in params])
-        bad_at = (~flags).nonzero().flatten().tolist()
-        if self.world > 1:  # every rank raises, naming the same parameters
+        self.raise_nonfinite(self.nonfinite_flags())
+
+    @torch.no_grad()
+    def nonfinite_flags(self) -> torch.Tensor:
+        """One flag a parameter (this rank's rows), 1 where it holds NaN or inf; computed on the parameters'
+        device without waiting for it, so a publish can copy its weights out meanwhile and judge them after."""
+        return torch.stack([~torch.isfinite(_local(p)).all() for _, p in self.model.named_parameters()]).int()
+
+    def raise_nonfinite(self, flags: torch.Tensor) -> None:
+        """Raise `NonFiniteError` if `nonfinite_flags` found any. Sharded: an all-reduce over the ranks, so
+        every rank raises (or not) alike; it returns only once every rank has called it, which makes it the
+        publish's barrier too. Waits for the device once."""
+        if self.world > 1:
             import torch.distributed as dist
 
-            gathered: list[Any] = [None] * self.world
-            dist.all_gather_object(gathered, bad_at)
-            bad_at = sorted({i for g in gathered for i in g})
+            if dist.get_backend() == "nccl" and not flags.is_cuda:  # parameters offloaded to the host
+                flags = flags.cuda()
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        bad_at = flags.nonzero().flatten().tolist()
         if not bad_at:
             return
-        bad = [params[i][0] for i in bad_at]
+        names = [n for n, _ in self.model.named_parameters()]
+        bad = [names[i] for i in bad_at]
         raise NonFiniteError(
             f"the trainer's weights hold NaN or inf at version {self.version} (parameter {bad[0]!r}"
             f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}); they are neither published nor saved"
@@ -552,15 +563,17 @@ class Trainer:
             names.remove("lm_head.weight")
         return names
 
-    def named_weights(self) -> dict[str, torch.Tensor]:
+    def named_weights(self, check: bool = True) -> dict[str, torch.Tensor]:
         """The HF state_dict to publish (`publish_names`). The tensors are live views, valid until the next
         `train_step`; copy them out before training on. On CUDA they stay on the GPU (the publisher copies them
         into its registered shared-memory slot); with `publish_dtype` they are cast copies, e.g. bf16 for a bf16
-        engine, which halves the bytes on the weight path. Non-finite weights raise `NonFiniteError` instead.
-        A sharded trainer has no whole tensors: see `weight_shards`."""
+        engine, which halves the bytes on the weight path. Non-finite weights raise `NonFiniteError` instead
+        (`check=False`: the caller checks, with `nonfinite_flags`). A sharded trainer has no whole tensors: see
+        `weight_shards`."""
         if self.world > 1:
             raise RuntimeError("a sharded trainer publishes its shards (weight_shards), never whole weights")
-        self.check_finite()
+        if check:
+            self.check_finite()
         dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else None
         if self.master is not None and dtype == self.master.dtype:  # the compute copy is already that cast
             sd = self.master.compute.state_dict()
@@ -568,10 +581,12 @@ class Trainer:
         sd = self.model.state_dict()
         return {k: sd[k].detach().to(dtype) if dtype else sd[k].detach() for k in self.publish_names()}
 
-    def weight_shards(self) -> list[WeightShard]:
+    def weight_shards(self, check: bool = True) -> list[WeightShard]:
         """This rank's rows of every published tensor (FSDP shards dim 0 in contiguous row blocks), cast to
-        `publish_dtype`: each rank writes them at their offsets into the one flat buffer of the version."""
-        self.check_finite()
+        `publish_dtype`: each rank writes them at their offsets into the one flat buffer of the version.
+        `check=False`: the caller checks them (`nonfinite_flags`, then `raise_nonfinite` on every rank)."""
+        if check:
+            self.check_finite()
         sd = self.model.state_dict()
         dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else None
         out = []

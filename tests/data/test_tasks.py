@@ -65,3 +65,12 @@ def test_the_tool_workload_scripts_long_tailed_calls_within_each_response():
     assert calls.count(0) > 500
     floored = LengthWorkload(median=64, tool_calls_mean=2.0, tool_calls_min=1, seed=1).rows(2000)
     assert min(len(r["tool_script"]["calls_at"]) for r in floored) == 1
+
+
+def test_the_lengths_prompt_length_comes_from_the_config():
+    from laminar.config import load_config
+    from laminar.data.dataset import train_rows
+
+    cfg = load_config(None, ["task.name=lengths", "task.num_prompts=3", "task.length_prompt_words=40"])
+    for row in train_rows(cfg):
+        assert len(row["prompt"].split()) == 41  # 40 digits and " ="

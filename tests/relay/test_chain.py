@@ -146,6 +146,14 @@ def test_bad_publish_inputs(nodes):
         pub.publish(2, np.zeros(12, np.uint8), Layout(12))
         with pytest.raises(ValueError, match="must be greater than the last published 2"):
             pub.publish(2, np.zeros(12, np.uint8), Layout(12))
+
+        def refuse() -> None:  # the trainer's finite check, judged while the slot was written
+            raise ArithmeticError("NaN")
+
+        with pytest.raises(ArithmeticError):
+            pub.publish(3, np.ones(12, np.uint8), Layout(12), check=refuse)
+        assert pub.last_version == 2  # not published: version 3 may still go out
+        pub.publish(3, np.ones(12, np.uint8), Layout(12))
         with pytest.raises(LookupError, match="version 5 is not among them"):
             ray.get(relays[0].acquire.remote(version=5), timeout=30)
     finally:

@@ -28,6 +28,8 @@ def rank_main(rank: int, world: int, port: int, out: str, mode: str, ckpt: str) 
             tr.save_checkpoint(ckpt)
         publish(tr, Path(out) / "published.bin", rank)
         full = {k: v.full_tensor() for k, v in tr.model.state_dict().items()}
+        if mode == "save":  # inf in rank 1's rows only: both ranks refuse to publish, naming the parameter
+            nonfinite(tr, Path(out) / f"nonfinite{rank}.txt", rank)
         if rank == 0:
             save_file(
                 {k: v.contiguous() for k, v in full.items()}
@@ -43,10 +45,25 @@ def publish(tr, flat: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
     from laminar.engine.weights import WeightLayout
     from laminar.relay.publisher import ShardWriter
 
-    shards = tr.weight_shards()
+    shards = tr.weight_shards(check=False)
+    flags = tr.nonfinite_flags()
     layout = WeightLayout.of_specs([(s.name, s.shape, s.dtype) for s in shards])
     if rank == 0:
         flat.write_bytes(b"\0" * layout.total_bytes)
     dist.barrier()
     ShardWriter().write(str(flat), layout, shards)
-    dist.barrier()
+    tr.raise_nonfinite(flags)  # the ranks agree, and have all written
+
+
+def nonfinite(tr, out: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
+    from laminar.trainer.trainer import NonFiniteError
+
+    p = dict(tr.model.named_parameters())["model.layers.0.mlp.up_proj.weight"]
+    if rank == 1:
+        with torch.no_grad():
+            p.to_local()[0, 0] = float("inf")
+    try:
+        tr.raise_nonfinite(tr.nonfinite_flags())
+        out.write_text("published")
+    except NonFiniteError as e:
+        out.write_text(str(e))

@@ -100,6 +100,13 @@ def test_two_ranks_take_the_same_step_as_one(single, two_ranks):
     )
 
 
+def test_nonfinite_rows_on_one_rank_stop_the_publish_on_every_rank(two_ranks):
+    _, tmp = two_ranks
+    for rank in (0, 1):
+        said = (tmp / f"nonfinite{rank}.txt").read_text()
+        assert "'model.layers.0.mlp.up_proj.weight'" in said and "neither published nor saved" in said, said
+
+
 def test_the_published_version_of_two_ranks_is_the_single_trainers_bytes(single, two_ranks):
     """Each rank wrote only its rows; together they are byte for byte the layout the engine loads. (Equal
     parameters to 1e-5 are not always equal bytes, so the comparison is with the 2-rank parameters, flattened
