@@ -17,7 +17,7 @@ from laminar.config import Config
 from laminar.data.records import PromptGroup
 from laminar.manager.dispatcher import Dispatcher
 from laminar.manager.fleet import Fleet
-from laminar.manager.repacker import RepackLoop, RepackSettings, RepackStats
+from laminar.manager.repacker import RepackLoop, RepackStats
 from laminar.manager.supervisor import Supervisor, Watch
 from laminar.schedules.schedule import Schedule
 
@@ -50,19 +50,8 @@ class RolloutManager:
         )
         self.repack: RepackLoop | None = None
         if schedule.repack:
-            p = cfg.repack
-            settings = RepackSettings(
-                p.interval_s,
-                p.batch_limit_b,
-                p.kv_capacity,
-                p.only_with_work,
-                p.newest_first,
-                p.max_age,
-                p.capped_batch_limit_b,
-                p.move_kv,
-            )
             self.repack = RepackLoop(
-                self.fleet, settings, self.dispatcher, partial_pool, self.supervisor.place
+                self.fleet, cfg.repack, self.dispatcher, partial_pool, self.supervisor.place
             )
         self._tasks: list[asyncio.Task] = []
 
@@ -135,6 +124,10 @@ class RolloutManager:
         node_relays = {r._actor_id for r in self.fleet.relay_of_node.values()}
         head = self.fleet.relays[0] if self.fleet.relays else None
         return None if head is None or head._actor_id in node_relays else head
+
+    def head_and_chain(self) -> tuple[Any, list[Any]]:
+        """`master()` and `chain()` in one call (the driver asks after every step)."""
+        return self.master(), self.chain()
 
     def placement(self) -> dict[str, Any]:
         """Which machine each relay of the chain (master first) and each replica is on."""

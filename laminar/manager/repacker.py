@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 
+from laminar.config import RepackConfig
 from laminar.data.records import PromptGroup
 from laminar.manager.fleet import Fleet
 from laminar.manager.repack import ReplicaLoad, plan_repack
@@ -152,24 +153,12 @@ async def _still_holds(handle: Any, rids: set[str]) -> bool:
     return bool(rids & set(snap.get("inflight", ())))
 
 
-@dataclass(frozen=True)
-class RepackSettings:
-    interval_s: float = 0.25
-    batch_limit_b: int = 16  # B: decode batch past which throughput stops growing
-    kv_capacity: float = 0.9  # C_max as a fraction of a replica's KV blocks
-    only_with_work: bool = True  # free a replica only when the dispatch rule has work for it
-    newest_first: bool = False  # the release cap goes to the newest versions' tails first
-    max_age: int = -1  # leave replicas running work this many versions behind the trainer alone; -1 = none
-    capped_batch_limit_b: int = 0  # B when the gate caps a round below what it could free; 0 = batch_limit_b
-    move_kv: bool = False  # moved trajectories take their cached keys and values along
-
-
 class RepackLoop:
     """Runs beside the dispatcher and the supervisor on the manager's event loop; `place` is the supervisor's
     (recovery), used for moves neither end would take."""
 
     def __init__(
-        self, fleet: Fleet, settings: RepackSettings, dispatcher: Any, partial_pool: Any, place: Any
+        self, fleet: Fleet, settings: RepackConfig, dispatcher: Any, partial_pool: Any, place: Any
     ) -> None:
         self.fleet, self.settings, self.dispatcher = fleet, settings, dispatcher
         self.partial_pool, self.place = partial_pool, place

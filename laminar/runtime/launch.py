@@ -259,17 +259,19 @@ class Runtime:
         return groups
 
     def follow_master(self) -> None:
-        """After the manager replaced a dead master relay: publish into the new one from now on, and publish the
-        current version there again at once. The dead master may have taken the newest version with it, and
-        with `schedule.max_lag` 0 no replica behind the trainer gets new work until that version is out:
-        waiting for the next step's publish could wait forever, since that step needs their groups."""
+        """Take the manager's relay chain as it stands. After it replaced a dead master relay: publish into the
+        new one from now on, and publish the current version there again at once. The dead master may have
+        taken the newest version with it, and with `schedule.max_lag` 0 no replica behind the trainer gets new
+        work until that version is out: waiting for the next step's publish could wait forever, since that step
+        needs their groups."""
         t = self.cfg.run.timeout_s
-        master = ray.get(self.manager.master.remote(), timeout=t)
+        master, chain = ray.get(self.manager.head_and_chain.remote(), timeout=t)
         if master is None or master._actor_id == self.relays[0]._actor_id:
+            self.relays = chain or self.relays
             return
         self.trainer.call("attach_master", master, timeout=t)
         self.trainer.call("republish", timeout=t)
-        self.relays = ray.get(self.manager.chain.remote(), timeout=t)
+        self.relays = chain
         self.recorder.log("republish", version=self.version, why="a new master relay")
 
     def check_rollouts(self) -> None:
@@ -303,8 +305,7 @@ class Runtime:
         filtered = self.filtered
         self.since_checkpoint.append(groups)
         self.buffer.trained.remote([g[0].group_id for g in groups + filtered])
-        self.follow_master()
-        self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s) or self.relays
+        self.follow_master()  # and the chain as it stands (a relay may have died meanwhile)
         self.publish_times[v] = m["t_publish"]
         if push:
             t = time.time()
