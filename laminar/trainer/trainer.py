@@ -183,6 +183,10 @@ class Trainer:
         )
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self.version = 0
+        self._locals: list[tuple[str, torch.Tensor]] | None = None  # see _parameters
+        self._shard_views: list[WeightShard] | None = None  # see _shards
+        self._names: list[str] | None = None  # see publish_names
+        self._compute_views: dict[str, torch.Tensor] | None = None  # see named_weights
         self.nonfinite_steps = 0  # skipped steps, all told
         self.nonfinite_in_a_row = 0
         if self.device.type == "cuda":
@@ -385,8 +389,20 @@ class Trainer:
     @torch.no_grad()
     def nonfinite_flags(self) -> torch.Tensor:
         """One flag a parameter (this rank's rows), 1 where it holds NaN or inf; computed on the parameters'
-        device without waiting for it, so a publish can copy its weights out meanwhile and judge them after."""
-        return torch.stack([~torch.isfinite(_local(p)).all() for _, p in self.model.named_parameters()]).int()
+        device without waiting for it, so a publish can copy its weights out meanwhile and judge them after.
+        One min-max reduction a parameter (NaN propagates through both, inf shows in one): no copy the size of
+        the weights, and one more kernel for them all."""
+        params = self._parameters()
+        zero = torch.zeros((), device=params[0][1].device)  # stands in for an empty shard's ends
+        ends = [v for _, x in params for v in (torch.aminmax(x) if x.numel() else (zero, zero))]
+        return (~torch.isfinite(torch.stack(ends).float()).view(-1, 2).all(1)).int()
+
+    def _parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, this rank's rows) of every parameter, the local tensors (a sharded parameter's own shard),
+        resolved once: the optimizer and checkpoint loads update them in place."""
+        if self._locals is None:
+            self._locals = [(n, _local(p)) for n, p in self.model.named_parameters()]
+        return self._locals
 
     def raise_nonfinite(self, flags: torch.Tensor) -> None:
         """Raise `NonFiniteError` if `nonfinite_flags` found any. Sharded: an all-reduce over the ranks, so
@@ -401,8 +417,7 @@ class Trainer:
         bad_at = flags.nonzero().flatten().tolist()
         if not bad_at:
             return
-        names = [n for n, _ in self.model.named_parameters()]
-        bad = [names[i] for i in bad_at]
+        bad = [self._parameters()[i][0] for i in bad_at]
         raise NonFiniteError(
             f"the trainer's weights hold NaN or inf at version {self.version} (parameter {bad[0]!r}"
             f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}); they are neither published nor saved"
@@ -558,10 +573,11 @@ class Trainer:
     def publish_names(self) -> list[str]:
         """The published tensors' names, the keys `save_pretrained` writes: with tied embeddings
         `lm_head.weight` is left out (it is `model.embed_tokens.weight`) and loaders re-tie it."""
-        names = [k for k, _ in self.model.state_dict().items()]
-        if _ties_embeddings(self.model):
-            names.remove("lm_head.weight")
-        return names
+        if self._names is None:
+            self._names = [k for k, _ in self.model.state_dict().items()]
+            if _ties_embeddings(self.model):
+                self._names.remove("lm_head.weight")
+        return list(self._names)
 
     def named_weights(self, check: bool = True) -> dict[str, torch.Tensor]:
         """The HF state_dict to publish (`publish_names`). The tensors are live views, valid until the next
@@ -576,8 +592,10 @@ class Trainer:
             self.check_finite()
         dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else None
         if self.master is not None and dtype == self.master.dtype:  # the compute copy is already that cast
-            sd = self.master.compute.state_dict()
-            return {k: sd[k].detach() for k in self.publish_names()}
+            if self._compute_views is None:  # refreshed in place after every update: resolved once
+                sd = self.master.compute.state_dict()
+                self._compute_views = {k: sd[k].detach() for k in self.publish_names()}
+            return dict(self._compute_views)
         sd = self.model.state_dict()
         return {k: sd[k].detach().to(dtype) if dtype else sd[k].detach() for k in self.publish_names()}
 
@@ -587,19 +605,31 @@ class Trainer:
         `check=False`: the caller checks them (`nonfinite_flags`, then `raise_nonfinite` on every rank)."""
         if check:
             self.check_finite()
-        sd = self.model.state_dict()
         dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else None
-        out = []
-        for name in self.publish_names():
-            p = sd[name]
-            local = _local(p).detach()
-            first = _first_row(p, self.rank, self.world)
-            out.append(
+        with torch.no_grad():
+            return [
                 WeightShard(
-                    name, tuple(p.shape), dtype or p.dtype, first, local.to(dtype) if dtype else local
+                    s.name, s.shape, dtype or s.dtype, s.first_row, s.local.to(dtype) if dtype else s.local
                 )
-            )
-        return out
+                for s in self._shards()
+            ]
+
+    def _shards(self) -> list[WeightShard]:
+        """This rank's rows of every published tensor as they are (live, in the master dtype), resolved once:
+        a model's state_dict costs milliseconds a call for a sharded model (a DTensor detach a tensor)."""
+        if self._shard_views is None:
+            sd = self.model.state_dict()
+            self._shard_views = [
+                WeightShard(
+                    name,
+                    tuple(sd[name].shape),
+                    sd[name].dtype,
+                    _first_row(sd[name], self.rank, self.world),
+                    _local(sd[name]).detach(),
+                )
+                for name in self.publish_names()
+            ]
+        return self._shard_views
 
     def save_checkpoint(self, out: str | Path) -> Path:
         """`out` becomes a whole HF model dir (config, safetensors, and the tokenizer, chat template and
@@ -733,8 +763,11 @@ class WeightShard:
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
-    """A sharded (DTensor) parameter's own rows; a plain tensor itself."""
-    return p.to_local() if hasattr(p, "to_local") else p
+    """A sharded (DTensor) parameter's own rows (the same storage, no autograd); a plain tensor itself."""
+    if hasattr(p, "to_local"):
+        with torch.no_grad():
+            return p.to_local()
+    return p
 
 
 def _first_row(p: torch.Tensor, rank: int, world: int) -> int:

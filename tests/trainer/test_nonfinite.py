@@ -53,5 +53,12 @@ def test_nonfinite_weights_are_never_published():
         tr.model.model.layers[0].mlp.up_proj.weight[0, 0] = math.inf
     with pytest.raises(NonFiniteError, match="'model.layers.0.mlp.up_proj.weight'"):
         tr.named_weights()
+    with torch.no_grad():
+        tr.model.model.layers[0].mlp.up_proj.weight[0, 0] = 0.0
+        tr.model.model.norm.weight[1] = math.nan
+        tr.model.model.layers[0].self_attn.q_proj.weight[2, 1] = -math.inf
+    with pytest.raises(NonFiniteError, match=r"'model.layers.0.self_attn.q_proj.weight' and 1 more"):
+        tr.check_finite()
+    assert tr.nonfinite_flags().sum() == 2
     with pytest.raises(ValueError, match="trainer.max_nonfinite_steps=0"):
         make_trainer(max_nonfinite_steps=0)
