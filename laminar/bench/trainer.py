@@ -273,6 +273,11 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         "tokens_per_s": round(tok / step_s, 1),
         "model_tflops": round(achieved, 2),
         "mfu": round(achieved / (peak * world), 4) if peak else None,
+        # the same over all the measured steps' tokens and time (the median step above is the headline; a
+        # batch of outlying steps moves this one)
+        "mfu_total_time": round(6 * params * sum(tokens) / sum(times) / 1e12 / (peak * world), 4)
+        if peak
+        else None,
         "peak_memory_gib_per_rank": [round(m, 2) if m is not None else None for m in mems],
         "published_mib": round(layout.total_bytes / 2**20, 1),
         "publish_stall_s_median": round(med(stalls), 4),
