@@ -179,8 +179,12 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
     for _ in range(args.publishes):  # TrainerActor._publish's steps, each timed
         barrier()
         t = time.perf_counter()
-        flags = trainer.nonfinite_flags()
-        parts = trainer.weight_shards(check=False) if world > 1 else trainer.named_weights(check=False)
+        if world > 1:
+            parts = trainer.weight_shards(check=False)
+            flags = trainer.published_nonfinite()
+        else:
+            flags = trainer.nonfinite_flags()
+            parts = trainer.named_weights(check=False)
         t_cast = time.perf_counter()
         if world > 1:
             import torch.distributed as dist
@@ -193,7 +197,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
 
             flatten_into(parts, layout, writer._map(slot_path[0], layout.total_bytes).array)
         t_write = time.perf_counter()
-        trainer.raise_nonfinite(flags)  # sharded: the all-reduce every rank waits for, the barrier
+        trainer.raise_nonfinite(flags, summary=world > 1)  # sharded: the all-reduce every rank waits for
         end = time.perf_counter()
         stalls.append(end - t)
         for key, a, b in (("cast", t, t_cast), ("write", t_cast, t_write), ("agree", t_write, end)):
@@ -283,7 +287,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         "publish_stall_s_median": round(med(stalls), 4),
         "pinned_copy_of_one_shard_s_median": round(med(floors), 4),
         "stall_over_pinned_copy": round(med(stalls) / max(med(floors), 1e-9), 2),
-        # rank 0's stall in parts: the finite flags launched and the weights cast to the publish dtype; the
+        # rank 0's stall in parts: the weights cast to the publish dtype and the finite flags launched; the
         # slot's path from rank 0 and this rank's rows written; the ranks' agreement that all are finite
         "publish_phases_ms_median": {k: round(1e3 * med(v), 2) for k, v in phases.items()},
         "published_tensors": len(names),

@@ -298,7 +298,7 @@ class TrainerActor:
         from laminar.engine.weights import WeightLayout
 
         shards = self.trainer.weight_shards(check=False)
-        flags = self.trainer.nonfinite_flags()
+        flags = self.trainer.published_nonfinite()
         if self.layout is None:
             self.layout = WeightLayout.of_specs([(s.name, s.shape, s.dtype) for s in shards])
         where: list[Any] = [None]
@@ -310,7 +310,8 @@ class TrainerActor:
         piece = self.writer.pack(self.layout, shards) if self.remote else None
         if piece is None:
             self.writer.write(where[0], self.layout, shards)
-        self.trainer.raise_nonfinite(flags)  # an all-reduce: every rank has written its rows (the barrier)
+        # an all-reduce: every rank has written its rows (the barrier)
+        self.trainer.raise_nonfinite(flags, summary=True)
         if piece is not None:
             self._collect_pieces()
             self.pieces.append(self.master.piece.remote(self.trainer.version, *piece))

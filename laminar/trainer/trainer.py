@@ -187,6 +187,7 @@ class Trainer:
         self._shard_views: list[WeightShard] | None = None  # see _shards
         self._names: list[str] | None = None  # see publish_names
         self._compute_views: dict[str, torch.Tensor] | None = None  # see named_weights
+        self._cast: torch.Tensor | None = None  # the last weight_shards' cast rows, one buffer
         self.nonfinite_steps = 0  # skipped steps, all told
         self.nonfinite_in_a_row = 0
         if self.device.type == "cuda":
@@ -404,24 +405,40 @@ class Trainer:
             self._locals = [(n, _local(p)) for n, p in self.model.named_parameters()]
         return self._locals
 
-    def raise_nonfinite(self, flags: torch.Tensor) -> None:
-        """Raise `NonFiniteError` if `nonfinite_flags` found any. Sharded: an all-reduce over the ranks, so
-        every rank raises (or not) alike; it returns only once every rank has called it, which makes it the
-        publish's barrier too. Waits for the device once."""
+    def raise_nonfinite(self, flags: torch.Tensor, summary: bool = False) -> None:
+        """Raise `NonFiniteError` if `nonfinite_flags` (or, `summary`, `published_nonfinite`) found any.
+        Sharded: an all-reduce over the ranks, so every rank raises (or not) alike; it returns only once every
+        rank has called it, which makes it the publish's barrier too. Waits for the device once. A set summary
+        is followed by the per-parameter flags on every rank, to name what is wrong."""
+        flags = self._agree(flags)
+        if not summary:
+            bad_at = flags.nonzero().flatten().tolist()
+        elif not bool(flags.any()):
+            return
+        else:
+            bad_at = self._agree(self.nonfinite_flags()).nonzero().flatten().tolist()
+        if not bad_at and not summary:
+            return
+        if not bad_at:  # finite in fp32, not once cast
+            raise NonFiniteError(
+                f"the trainer's weights at version {self.version} overflow {self.cfg.publish_dtype} "
+                "(trainer.publish_dtype): values beyond its range become inf; they are not published"
+            )
+        bad = [self._parameters()[i][0] for i in bad_at]
+        raise NonFiniteError(
+            f"the trainer's weights hold NaN or inf at version {self.version} (parameter {bad[0]!r}"
+            f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}); they are neither published nor saved"
+        )
+
+    def _agree(self, flags: torch.Tensor) -> torch.Tensor:
+        """The ranks' flags, each the largest any rank holds (one all-reduce); a single trainer's as they are."""
         if self.world > 1:
             import torch.distributed as dist
 
             if dist.get_backend() == "nccl" and not flags.is_cuda:  # parameters offloaded to the host
                 flags = flags.cuda()
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        bad_at = flags.nonzero().flatten().tolist()
-        if not bad_at:
-            return
-        bad = [self._parameters()[i][0] for i in bad_at]
-        raise NonFiniteError(
-            f"the trainer's weights hold NaN or inf at version {self.version} (parameter {bad[0]!r}"
-            f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}); they are neither published nor saved"
-        )
+        return flags
 
     # ---- batching -------------------------------------------------------------------------------------------
 
@@ -602,17 +619,34 @@ class Trainer:
     def weight_shards(self, check: bool = True) -> list[WeightShard]:
         """This rank's rows of every published tensor (FSDP shards dim 0 in contiguous row blocks), cast to
         `publish_dtype`: each rank writes them at their offsets into the one flat buffer of the version.
-        `check=False`: the caller checks them (`nonfinite_flags`, then `raise_nonfinite` on every rank)."""
+        The cast rows lie back to back in one buffer, written by one multi-tensor copy (a cast a tensor cost a
+        launch and an allocation each). `check=False`: the caller checks them (`published_nonfinite` or
+        `nonfinite_flags`, then `raise_nonfinite` on every rank)."""
         if check:
             self.check_finite()
-        dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else None
+        views = self._shards()
+        self._cast = None
+        dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else views[0].dtype
+        if dtype == views[0].dtype:
+            return list(views)  # published as they are
         with torch.no_grad():
-            return [
-                WeightShard(
-                    s.name, s.shape, dtype or s.dtype, s.first_row, s.local.to(dtype) if dtype else s.local
-                )
-                for s in self._shards()
-            ]
+            flat = torch.empty(sum(v.local.numel() for v in views), dtype=dtype, device=views[0].local.device)
+            parts = torch.split(flat, [v.local.numel() for v in views])
+            cast = [p.view(v.local.shape) for p, v in zip(parts, views)]
+            torch._foreach_copy_(cast, [v.local for v in views])
+        self._cast = flat
+        return [WeightShard(v.name, v.shape, dtype, v.first_row, c) for v, c in zip(views, cast)]
+
+    @torch.no_grad()
+    def published_nonfinite(self) -> torch.Tensor:
+        """One flag for all the rows the last `weight_shards` cast, 1 if any is NaN or inf: a single reduction
+        over the bytes that are published (`raise_nonfinite(..., summary=True)` names the parameters only when
+        it is set). Without a cast, the same from the per-parameter `nonfinite_flags`."""
+        if self._cast is None:
+            return self.nonfinite_flags().max().view(1)
+        if not self._cast.numel():
+            return torch.zeros(1, dtype=torch.int32, device=self._cast.device)
+        return (~torch.isfinite(torch.stack(torch.aminmax(self._cast)).float()).all()).int().view(1)
 
     def _shards(self) -> list[WeightShard]:
         """This rank's rows of every published tensor as they are (live, in the master dtype), resolved once:

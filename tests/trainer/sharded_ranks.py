@@ -28,7 +28,10 @@ def rank_main(rank: int, world: int, port: int, out: str, mode: str, ckpt: str) 
             tr.save_checkpoint(ckpt)
         publish(tr, Path(out) / "published.bin", rank)
         full = {k: v.full_tensor() for k, v in tr.model.state_dict().items()}
-        if mode == "save":  # inf in rank 1's rows only: both ranks refuse to publish, naming the parameter
+        if mode == "save":
+            tr.cfg.publish_dtype = "bfloat16"  # each rank's rows cast into one buffer, as on a GPU
+            publish(tr, Path(out) / "published-bf16.bin", rank)
+            # inf in rank 1's rows only: both ranks refuse to publish, naming the parameter
             nonfinite(tr, Path(out) / f"nonfinite{rank}.txt", rank)
         if rank == 0:
             save_file(
@@ -46,13 +49,13 @@ def publish(tr, flat: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
     from laminar.relay.publisher import ShardWriter
 
     shards = tr.weight_shards(check=False)
-    flags = tr.nonfinite_flags()
+    flags = tr.published_nonfinite()
     layout = WeightLayout.of_specs([(s.name, s.shape, s.dtype) for s in shards])
     if rank == 0:
         flat.write_bytes(b"\0" * layout.total_bytes)
     dist.barrier()
     ShardWriter().write(str(flat), layout, shards)
-    tr.raise_nonfinite(flags)  # the ranks agree, and have all written
+    tr.raise_nonfinite(flags, summary=True)  # the ranks agree, and have all written
 
 
 def nonfinite(tr, out: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
@@ -63,7 +66,8 @@ def nonfinite(tr, out: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
         with torch.no_grad():
             p.to_local()[0, 0] = float("inf")
     try:
-        tr.raise_nonfinite(tr.nonfinite_flags())
+        tr.weight_shards(check=False)
+        tr.raise_nonfinite(tr.published_nonfinite(), summary=True)
         out.write_text("published")
     except NonFiniteError as e:
         out.write_text(str(e))

@@ -62,3 +62,21 @@ def test_nonfinite_weights_are_never_published():
     assert tr.nonfinite_flags().sum() == 2
     with pytest.raises(ValueError, match="trainer.max_nonfinite_steps=0"):
         make_trainer(max_nonfinite_steps=0)
+
+
+def test_the_published_cast_is_checked_in_one_reduction_and_named_when_bad():
+    tr = make_trainer()
+    tr.cfg.publish_dtype = "bfloat16"
+    shards = tr.weight_shards(check=False)
+    assert all(s.local.dtype == torch.bfloat16 for s in shards)
+    tr.raise_nonfinite(tr.published_nonfinite(), summary=True)  # finite: nothing raised
+    with torch.no_grad():
+        tr.model.model.norm.weight[0] = 3.4e38  # finite in fp32, inf in bf16
+    tr.weight_shards(check=False)
+    with pytest.raises(NonFiniteError, match="overflow bfloat16"):
+        tr.raise_nonfinite(tr.published_nonfinite(), summary=True)
+    with torch.no_grad():
+        tr.model.model.norm.weight[0] = math.nan
+    tr.weight_shards(check=False)
+    with pytest.raises(NonFiniteError, match="'model.norm.weight'"):
+        tr.raise_nonfinite(tr.published_nonfinite(), summary=True)

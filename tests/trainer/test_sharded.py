@@ -124,6 +124,12 @@ def test_the_published_version_of_two_ranks_is_the_single_trainers_bytes(single,
     flatten_into(weights, layout, want)
     got = np.frombuffer((tmp / "published.bin").read_bytes(), dtype=np.uint8)
     assert got.tobytes() == want.tobytes()
+    # cast to bf16 by each rank into one buffer: the single cast of the same parameters
+    bf16 = {k: v.to(torch.bfloat16) for k, v in weights.items()}
+    layout16 = WeightLayout.of(bf16)
+    want16 = np.zeros(layout16.total_bytes, dtype=np.uint8)
+    flatten_into(bf16, layout16, want16)
+    assert (tmp / "published-bf16.bin").read_bytes() == want16.tobytes()
     # before any step the weights are the same numbers: the 2-rank publish is the single trainer's, byte for byte
     start = Trainer(CFG, model=model())
     want0 = np.zeros(layout.total_bytes, dtype=np.uint8)
