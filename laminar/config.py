@@ -154,6 +154,9 @@ class RepackConfig:
     # B when the gate caps a round below the replicas it could free (the dispatch bound, not the rollouts,
     # limits the work): packing slows every packed tail and the few freed replicas gain little; 0 = batch_limit_b
     capped_batch_limit_b: int = 0
+    # a replica is a source once its KV has fallen below this share of its batch's peak (1.0: as soon as any
+    # request finishes; 0.5: once half the batch's KV is freed): a request moved early pays the move longer
+    ramp_down_frac: float = 1.0
 
 
 @dataclass
@@ -524,6 +527,12 @@ def validate(cfg: Config) -> None:
         "0 (= batch_limit_b) or a running count",
     )
     _check(cfg.repack.max_age >= -1, "repack.max_age", cfg.repack.max_age, "-1 (none) or >= 0")
+    _check(
+        0.0 < cfg.repack.ramp_down_frac <= 1.0,
+        "repack.ramp_down_frac",
+        cfg.repack.ramp_down_frac,
+        "in (0, 1]: 1.0 = a source as soon as its KV falls, 0.5 = once half its batch's KV is freed",
+    )
     _check(cfg.schedule.max_lag >= -1, "schedule.max_lag", cfg.schedule.max_lag, "-1 (no bound) or >= 0")
     _check(cfg.run.timeout_s > 0, "run.timeout_s", cfg.run.timeout_s, "a positive number of seconds")
     k = cfg.task

@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from laminar.config import load_config  # noqa: E402
 
-# (label, schedule, extra overrides): the four baselines, Laminar, and its two ablations
+# (label, schedule, extra overrides): the four baselines, Laminar, its two ablations and two repack variants
 VARIANTS = [
     ("sync", "sync", []),
     ("one_step", "one_step", []),
@@ -32,6 +32,8 @@ VARIANTS = [
     ("laminar", "laminar", []),
     ("laminar-norepack", "laminar", ["repack.enabled=false"]),
     ("laminar-globalpush", "laminar", ["schedule.global_push=true"]),
+    ("laminar-movekv", "laminar", ["repack.move_kv=true"]),
+    ("laminar-rampdown", "laminar", ["repack.ramp_down_frac=0.5"]),
 ]
 
 CPU_DEFAULTS = [

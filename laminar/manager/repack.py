@@ -42,8 +42,11 @@ class RepackPlan:
     released: tuple[int, ...] = ()
 
 
-def idle_replicas(loads: Iterable[ReplicaLoad], batch_limit_b: int) -> list[ReplicaLoad]:
-    """Replicas in their ramp-down tail: nothing waiting, KV below their own peak, fewer than B running.
+def idle_replicas(
+    loads: Iterable[ReplicaLoad], batch_limit_b: int, ramp_down_frac: float = 1.0
+) -> list[ReplicaLoad]:
+    """Replicas in their ramp-down tail: nothing waiting, KV below `ramp_down_frac` of their own peak (1.0: any
+    drop; 0.5: half the batch's KV freed), fewer than B running.
 
     A replica with nothing running is already free (it pulls and takes prompts by itself), so it is not a
     candidate: it would only be a destination, and filling it with old-version work would keep it from the
@@ -54,7 +57,7 @@ def idle_replicas(loads: Iterable[ReplicaLoad], batch_limit_b: int) -> list[Repl
         for r in loads
         if r.waiting == 0
         and r.running > 0
-        and r.kv_blocks_used < r.peak_kv_blocks
+        and r.kv_blocks_used < ramp_down_frac * r.peak_kv_blocks
         and r.running < batch_limit_b
     ]
 
@@ -176,6 +179,7 @@ def _plan(
     max_released: int | None,
     newest_first: bool = False,
     min_version: int | None = None,
+    ramp_down_frac: float = 1.0,
 ) -> RepackPlan:
     if batch_limit_b < 1:
         raise ValueError(f"batch_limit_b={batch_limit_b} must be >= 1")
@@ -185,7 +189,9 @@ def _plan(
         raise ValueError(f"max_released={max_released} must be >= 0 (or None for no limit)")
     budget = len(list(loads)) if max_released is None else max_released
     groups: dict[int, list[ReplicaLoad]] = defaultdict(list)
-    for r in sorted(idle_replicas(loads, batch_limit_b), key=lambda r: r.replica):
+    if not 0.0 < ramp_down_frac <= 1.0:
+        raise ValueError(f"ramp_down_frac={ramp_down_frac} must be in (0, 1]")
+    for r in sorted(idle_replicas(loads, batch_limit_b, ramp_down_frac), key=lambda r: r.replica):
         if min_version is None or r.version >= min_version:
             groups[r.version].append(r)
     moves: list[Move] = []
@@ -209,6 +215,7 @@ def plan_repack(
     newest_first: bool = False,
     min_version: int | None = None,
     capped_batch_limit_b: int = 0,
+    ramp_down_frac: float = 1.0,
 ) -> RepackPlan:
     """Best-fit repack inside each weight-version group, maximising the replicas released.
 
@@ -229,13 +236,22 @@ def plan_repack(
     `capped_batch_limit_b` (0 = B): the running limit when `max_released` caps the round below the replicas
     it could free, i.e. when the dispatch bound, not the rollouts, limits the work: then the few freed
     replicas gain little and every packed tail slows, so tails are packed only this far.
+
+    `ramp_down_frac` (1.0 = any drop): a replica is a source only once its KV has fallen below this share of
+    its batch's peak. With small batches far below B, every replica qualifies as soon as its first request
+    finishes, and a group moved that early pays the move for most of its life.
     """
     loads = list(loads)
     if capped_batch_limit_b and max_released is not None:
-        if max_released < len(idle_replicas(loads, batch_limit_b)):
+        if max_released < len(idle_replicas(loads, batch_limit_b, ramp_down_frac)):
             batch_limit_b = min(batch_limit_b, capped_batch_limit_b)
     args = (loads, batch_limit_b, kv_capacity_frac)
-    order = {"max_released": max_released, "newest_first": newest_first, "min_version": min_version}
+    order = {
+        "max_released": max_released,
+        "newest_first": newest_first,
+        "min_version": min_version,
+        "ramp_down_frac": ramp_down_frac,
+    }
     plans = [_plan(*args, _best_fit, sort_sources=True, largest_first=True, **order)]
     if max_released is not None and len(plans[0].released) >= max_released:
         return plans[0]  # nothing can release more

@@ -87,6 +87,7 @@ async def repack_once(
     min_version: int | None = None,
     capped_batch_limit_b: int = 0,
     move_kv: bool = False,
+    ramp_down_frac: float = 1.0,
 ) -> RepackRound:
     """One repack round. `max_released` caps the replicas freed (the manager passes how many it has work for);
     `move_kv`: the moved requests take their cached keys and values along.
@@ -101,6 +102,7 @@ async def repack_once(
         newest_first=newest_first,
         min_version=min_version,
         capped_batch_limit_b=capped_batch_limit_b,
+        ramp_down_frac=ramp_down_frac,
     )
     out = RepackRound()
     if not plan.moves:
@@ -216,6 +218,7 @@ class RepackLoop:
             min_version=self.min_version(),
             capped_batch_limit_b=self.settings.capped_batch_limit_b,
             move_kv=self.settings.move_kv,
+            ramp_down_frac=self.settings.ramp_down_frac,
         )
         now = time.time() - fleet.t0
         fleet.events.extend({**e, "t": now} for e in done.events)

@@ -53,6 +53,9 @@ class SimConfig:
     repack_newest_first: bool = True  # `repack.newest_first`: the release cap packs the newest tails first
     repack_max_age: int = 3  # `repack.max_age`: leave replicas this many versions behind alone; -1 = none
     repack_capped_batch_limit: int = 32  # `repack.capped_batch_limit_b`: B when the gate caps a round; 0 = B
+    repack_ramp_down_frac: float = (
+        1.0  # `repack.ramp_down_frac`: a source once its KV is below this of its peak
+    )
     sampler: str = (
         "fifo"  # the experience buffer's sampler, by name (`laminar.data.experience_buffer.SAMPLERS`)
     )
@@ -87,6 +90,8 @@ class SimConfig:
         if self.max_lag < -1 or self.repack_max_age < -1:
             name = "max_lag" if self.max_lag < -1 else "repack_max_age"
             raise ValueError(f"{name}={getattr(self, name)} must be -1 (none) or >= 0")
+        if not 0.0 < self.repack_ramp_down_frac <= 1.0:
+            raise ValueError(f"repack_ramp_down_frac={self.repack_ramp_down_frac} must be in (0, 1]")
         if self.repack_capped_batch_limit < 0:
             raise ValueError(
                 f"repack_capped_batch_limit={self.repack_capped_batch_limit} must be >= 0 (0 = B)"

@@ -252,6 +252,7 @@ class RuntimeLoop(Base):
             newest_first=self.cfg.repack_newest_first,
             min_version=None if age < 0 else self.manager_version - age + 1,
             capped_batch_limit_b=self.cfg.repack_capped_batch_limit,
+            ramp_down_frac=self.cfg.repack_ramp_down_frac,
         )
         if not plan.moves:
             return

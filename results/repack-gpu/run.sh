@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Repack where rollouts are the bottleneck (configs/gpu-repack.yaml, 4 GPUs; `.whl` carried): laminar with
 # and without repack, two seeds, each seed's pair packed into one tarball as soon as it ends.
-#   OUT=DIR [SEEDS="0 1"] bash results/repack-gpu/run.sh [SCHEDULES]
+#   OUT=DIR [SEEDS="0 1"] bash results/repack-gpu/run.sh [SCHEDULES]   (also laminar-movekv, laminar-rampdown)
 set -uo pipefail
 root=${OUT:-runs/device-out}
 only=${1:-laminar,laminar-norepack}

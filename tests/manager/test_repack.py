@@ -96,6 +96,21 @@ def test_packs_two_small_tails_onto_one_replica() -> None:
     assert {m.destination for m in plan.moves} == {2}
 
 
+def test_a_source_must_have_drained_below_ramp_down_frac_of_its_peak() -> None:
+    # replica 0 has freed 10% of its batch's peak KV, replicas 1 and 2 60%: at 1.0 all three take part (two
+    # are released), at 0.5 replica 0 is neither source nor destination
+    loads = [
+        _replica(0, [45, 45], total=400, peak=100),
+        _replica(1, [20, 20], total=400, peak=100),
+        _replica(2, [40, 40], total=400, peak=200),
+    ]
+    assert len(plan_repack(loads, batch_limit_b=8).released) == 2
+    plan = plan_repack(loads, batch_limit_b=8, ramp_down_frac=0.5)
+    assert plan.released == (1,) and {m.destination for m in plan.moves} == {2}
+    with pytest.raises(ValueError, match="ramp_down_frac=0.0 must be in"):
+        plan_repack(loads, batch_limit_b=8, ramp_down_frac=0.0)
+
+
 def test_best_fit_prefers_the_fullest_destination() -> None:
     loads = [_replica(0, [5]), _replica(1, [20]), _replica(2, [60])]
     plan = plan_repack(loads, batch_limit_b=8)
