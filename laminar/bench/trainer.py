@@ -268,7 +268,13 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         "compile": args.compile,
         "reshard_after_forward": not args.no_reshard,
         "compute_dtype": args.compute_dtype
-        or ("bfloat16" if args.device == "cuda" and args.ranks == 1 else ""),
+        or (
+            ""
+            if args.device != "cuda"
+            else "bfloat16"
+            if args.ranks == 1
+            else "bfloat16 (FSDP mixed precision)"
+        ),
         "micro_batches_per_step_rank0": cuts,
         "step_s_median": round(step_s, 4),
         "step_s": [round(x, 4) for x in times],
