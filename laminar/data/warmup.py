@@ -1,6 +1,6 @@
 """`laminar warmup [--task reverse|tool_arith] --out DIR`: a built-in task's warm start, a tiny Llama taught the
 task by a short supervised run on demonstrations, stopped while it is still only partly right so that RL has
-something to improve. `reverse` is the demo's; `tool_arith` answers some problems with a calculator call and
+something to improve. `--model DIR` warm-starts a Hugging Face model instead (through its chat template). `reverse` is the demo's; `tool_arith` answers some problems with a calculator call and
 guesses the rest (`WarmupConfig.tool_share` of its demonstrations call the tool), so RL has to find that the
 tool pays."""
 
@@ -24,6 +24,7 @@ Example = tuple[list[int], list[int]]  # token ids and the loss mask over them (
 # tool_arith's run: long enough that the model writes calls and often copies the tool's output right, short
 # enough that it still guesses most answers without the tool (about 1 in 3 of its samples call it)
 TOOL_ARITH_STEPS = 1200
+MODEL_LR = 3e-5  # a pretrained model's supervised steps (the tiny model's 3e-3 would wreck it)
 
 
 @dataclass
@@ -146,14 +147,32 @@ def supervised_batch(examples: list[Example], pad_id: int) -> dict[str, torch.Te
     return {"input_ids": ids, "attention_mask": attn, "labels": labels}
 
 
-def warmup(out: str | Path, cfg: WarmupConfig | None = None, task: str = "reverse", log: bool = True) -> Path:
+def warmup(
+    out: str | Path,
+    cfg: WarmupConfig | None = None,
+    task: str = "reverse",
+    log: bool = True,
+    model_path: str | Path | None = None,
+) -> Path:
+    """The warm start of `task` in `out`. With `model_path`, a Hugging Face model directory instead of the tiny
+    Llama: the demonstrations go through its own tokenizer and chat template (prompt, call, the tool's output as
+    its template renders a tool turn, answer), exactly as its rollouts will read and write them."""
     cfg = cfg or WarmupConfig.for_task(task)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    codec = task_codec(task)
+    if model_path is None:
+        codec = task_codec(task)
+        model = build_demo_model(codec.vocab_size, cfg, codec)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        from laminar.trainer.trainer import check_model_dir
+
+        check_task(task)
+        codec = TaskCodec.from_dir(check_model_dir(model_path))
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).train()
     example = examples_of(task, codec, cfg)
-    model = build_demo_model(codec.vocab_size, cfg, codec)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30))
     t0 = time.perf_counter()
@@ -169,11 +188,17 @@ def warmup(out: str | Path, cfg: WarmupConfig | None = None, task: str = "revers
                 f"warmup step {step:4d}  loss {loss.item():.3f}  {time.perf_counter() - t0:5.1f}s", flush=True
             )
 
-    out = save_model_dir(model, codec, out)
+    if model_path is None:
+        out = save_model_dir(model, codec, out)
+    else:  # the model's own tokenizer files, chat template included
+        out = Path(out)
+        model.save_pretrained(out)
+        codec.tokenizer.save_pretrained(out)
     n_params = sum(p.numel() for p in model.parameters())
     info = {
         "format": FORMAT,
         "task": task,
+        **({"model": str(model_path), "lr": cfg.lr} if model_path is not None else {}),
         "params": n_params,
         "steps": cfg.steps,
         **({"tool_share": cfg.tool_share} if task == "tool_arith" else {}),
@@ -196,11 +221,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--steps", type=int, default=None, help="supervised steps (default: the task's own)")
     ap.add_argument("--seed", type=int, default=WarmupConfig.seed)
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a local Hugging Face model directory to warm-start instead of the tiny Llama (needs --out)",
+    )
+    ap.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help=f"learning rate (default: {WarmupConfig.lr}; with --model 3e-5)",
+    )
     args = ap.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         ap.error(f"--steps {args.steps}: a warm start needs at least 1 supervised step")
+    if args.model and not args.out:
+        ap.error("--model needs --out: the default directories hold the tiny model's warm starts")
     cfg = replace(WarmupConfig.for_task(args.task), seed=args.seed)
     if args.steps is not None:
         cfg = replace(cfg, steps=args.steps)
-    warmup(args.out or default_warmup_dir(args.task), cfg, args.task)
+    if args.lr is not None or args.model:
+        cfg = replace(cfg, lr=args.lr if args.lr is not None else MODEL_LR)
+    warmup(args.out or default_warmup_dir(args.task), cfg, args.task, model_path=args.model)
     return 0

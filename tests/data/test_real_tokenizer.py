@@ -2,6 +2,8 @@
 demo's: prompts are templated with the generation prompt, generation stops on every declared end token, and a
 checkpoint is a whole Hugging Face model directory."""
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -135,3 +137,31 @@ def test_a_tools_output_is_rendered_through_the_chat_templates_tool_role(chatml_
     llama = TaskCodec.from_dir(llama_dir)
     text = llama.tokenizer.decode(llama.render_tool_output("42"))
     assert "42" in text and "assistant" in text, text
+
+
+def test_a_hugging_face_model_is_warm_started_through_its_chat_template(chatml_dir, tmp_path):
+    """`laminar warmup --model DIR`: the demonstrations are the chat a rollout reads and writes (the call, then the
+    tool's output as the template renders a tool turn, then the answer); only the model's own turns are trained,
+    and the directory written keeps the model's tokenizer and template."""
+    import random
+
+    from laminar.data.tool_arith import call_text
+    from laminar.data.warmup import WarmupConfig, examples_of, warmup
+
+    codec = TaskCodec.from_dir(chatml_dir)
+    ids, mask = examples_of("tool_arith", codec, WarmupConfig(tool_share=1.0))(random.Random(0))
+    text = codec.tokenizer.decode(ids)
+    trained = codec.tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    assert "<|im_start|>tool\n" in text and "<|im_start|>tool" not in trained
+    assert trained.startswith(call_text("")[: len("<tool_call>")]) and trained.endswith("<|im_end|>")
+    out = warmup(
+        tmp_path / "warm",
+        WarmupConfig(steps=2, batch_size=2, lr=1e-4),
+        "tool_arith",
+        log=False,
+        model_path=chatml_dir,
+    )
+    again = TaskCodec.from_dir(out)
+    assert again.tokenizer.chat_template == codec.tokenizer.chat_template
+    assert again.encode_prompt("12*34=") == codec.encode_prompt("12*34=")
+    assert json.loads((out / "warmup.json").read_text())["model"] == str(chatml_dir)
