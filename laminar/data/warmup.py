@@ -232,14 +232,24 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"learning rate (default: {WarmupConfig.lr}; with --model 3e-5)",
     )
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"demonstrations a step (default: {WarmupConfig.batch_size})",
+    )
     args = ap.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         ap.error(f"--steps {args.steps}: a warm start needs at least 1 supervised step")
     if args.model and not args.out:
         ap.error("--model needs --out: the default directories hold the tiny model's warm starts")
     cfg = replace(WarmupConfig.for_task(args.task), seed=args.seed)
+    if args.batch_size is not None and args.batch_size < 1:
+        ap.error(f"--batch-size {args.batch_size}: a step needs at least 1 demonstration")
     if args.steps is not None:
         cfg = replace(cfg, steps=args.steps)
+    if args.batch_size is not None:
+        cfg = replace(cfg, batch_size=args.batch_size)
     if args.lr is not None or args.model:
         cfg = replace(cfg, lr=args.lr if args.lr is not None else MODEL_LR)
     warmup(args.out or default_warmup_dir(args.task), cfg, args.task, model_path=args.model)
