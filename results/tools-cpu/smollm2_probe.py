@@ -1,7 +1,7 @@
 """Does SmolLM2-135M-Instruct call the calculator on `tool_arith` prompts before any training? Samples 4 answers
 to each of 12 prompts (temperature 1, 48 new tokens) through the model's chat template, with no system prompt
 and with one that spells out the call, and counts the answers that open a `<tool_call>`. Writes
-smollm2-probe.json beside this file.
+smollm2-probe.json beside this file (smollm2-probe-NAME.json for another model directory than the default).
 
     laminar model import SmolLM2-135M-Instruct.Q4_1.gguf --out runs/models/smollm2-135m-instruct
     python results/tools-cpu/smollm2_probe.py [MODEL_DIR]
@@ -58,7 +58,10 @@ def main() -> None:
             examples.append({"prompt": row["prompt"], "first_answer": texts[0]})
         result["variants"][name] = {"calls": calls, "samples": SAMPLES * len(rows), "examples": examples}
         print(f"{name}: {calls} of {SAMPLES * len(rows)} answers opened a tool call")
-    (Path(__file__).parent / "smollm2-probe.json").write_text(json.dumps(result, indent=1) + "\n")
+    name = "smollm2-probe.json" if len(sys.argv) < 2 else f"smollm2-probe-{Path(path).name}.json"
+    if Path(path).name == "smollm2-135m-instruct":
+        name = "smollm2-probe.json"
+    (Path(__file__).parent / name).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
