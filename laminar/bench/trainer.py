@@ -179,12 +179,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
     for _ in range(args.publishes):  # TrainerActor._publish's steps, each timed
         barrier()
         t = time.perf_counter()
-        if world > 1:
-            parts = trainer.weight_shards(check=False)
-            flags = trainer.published_nonfinite()
-        else:
-            flags = trainer.nonfinite_flags()
-            parts = trainer.named_weights(check=False)
+        parts, flag = trainer.publish_parts()
         t_cast = time.perf_counter()
         if world > 1:
             import torch.distributed as dist
@@ -197,7 +192,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
 
             flatten_into(parts, layout, writer._map(slot_path[0], layout.total_bytes).array)
         t_write = time.perf_counter()
-        trainer.raise_nonfinite(flags, summary=world > 1)  # sharded: the all-reduce every rank waits for
+        trainer.raise_nonfinite(flag, summary=True)  # sharded: the all-reduce every rank waits for
         end = time.perf_counter()
         stalls.append(end - t)
         for key, a, b in (("cast", t, t_cast), ("write", t_cast, t_write), ("agree", t_write, end)):

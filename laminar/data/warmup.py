@@ -1,8 +1,8 @@
 """`laminar warmup [--task reverse|tool_arith] --out DIR`: a built-in task's warm start, a tiny Llama taught the
 task by a short supervised run on demonstrations, stopped while it is still only partly right so that RL has
-something to improve. `--model DIR` warm-starts a Hugging Face model instead (through its chat template). `reverse` is the demo's; `tool_arith` answers some problems with a calculator call and
+something to improve. `reverse` is the demo's; `tool_arith` answers some problems with a calculator call and
 guesses the rest (`WarmupConfig.tool_share` of its demonstrations call the tool), so RL has to find that the
-tool pays."""
+tool pays. `--model DIR` warm-starts a Hugging Face model instead, through its own chat template."""
 
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "--lr",
         type=float,
         default=None,
-        help=f"learning rate (default: {WarmupConfig.lr}; with --model 3e-5)",
+        help=f"learning rate (default: {WarmupConfig.lr}; with --model {MODEL_LR})",
     )
     ap.add_argument(
         "--batch-size",

@@ -118,16 +118,13 @@ class RolloutManager:
         """The relay chain as it stands now, master first (relinked after a relay died)."""
         return list(self.fleet.relays)
 
-    def master(self) -> Any:
-        """The master relay heading the chain, or None while a dead one is being replaced (the chain is then
-        headed by a node relay, which the trainer must not publish into)."""
+    def head_and_chain(self) -> tuple[Any, list[Any]]:
+        """The master relay heading the chain (None while a dead one is being replaced: the chain is then headed
+        by a node relay, which the trainer must not publish into) and the chain, in one call (the driver asks
+        after every step)."""
         node_relays = {r._actor_id for r in self.fleet.relay_of_node.values()}
         head = self.fleet.relays[0] if self.fleet.relays else None
-        return None if head is None or head._actor_id in node_relays else head
-
-    def head_and_chain(self) -> tuple[Any, list[Any]]:
-        """`master()` and `chain()` in one call (the driver asks after every step)."""
-        return self.master(), self.chain()
+        return (None if head is None or head._actor_id in node_relays else head), self.chain()
 
     def placement(self) -> dict[str, Any]:
         """Which machine each relay of the chain (master first) and each replica is on."""

@@ -285,20 +285,19 @@ class TrainerActor:
         writes its rows there, and once all have (the slowest rank's copy) rank 0 commits it."""
         # the weights are judged finite while they copy out; an unfinished check holds back the commit
         t0 = time.perf_counter()
+        parts, flag = self.trainer.publish_parts()
         if self.world == 1:
-            flags = self.trainer.nonfinite_flags()
             return self.publisher.publish(
                 self.trainer.version,
-                self.trainer.named_weights(check=False),
-                check=lambda: self.trainer.raise_nonfinite(flags),
+                parts,
+                check=lambda: self.trainer.raise_nonfinite(flag, summary=True),
                 t0=t0,
             )
         import torch.distributed as dist
 
         from laminar.engine.weights import WeightLayout
 
-        shards = self.trainer.weight_shards(check=False)
-        flags = self.trainer.published_nonfinite()
+        shards = parts
         if self.layout is None:
             self.layout = WeightLayout.of_specs([(s.name, s.shape, s.dtype) for s in shards])
         where: list[Any] = [None]
@@ -311,7 +310,7 @@ class TrainerActor:
         if piece is None:
             self.writer.write(where[0], self.layout, shards)
         # an all-reduce: every rank has written its rows (the barrier)
-        self.trainer.raise_nonfinite(flags, summary=True)
+        self.trainer.raise_nonfinite(flag, summary=True)
         if piece is not None:
             self._collect_pieces()
             self.pieces.append(self.master.piece.remote(self.trainer.version, *piece))

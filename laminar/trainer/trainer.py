@@ -601,7 +601,7 @@ class Trainer:
         `train_step`; copy them out before training on. On CUDA they stay on the GPU (the publisher copies them
         into its registered shared-memory slot); with `publish_dtype` they are cast copies, e.g. bf16 for a bf16
         engine, which halves the bytes on the weight path. Non-finite weights raise `NonFiniteError` instead
-        (`check=False`: the caller checks, with `nonfinite_flags`). A sharded trainer has no whole tensors: see
+        (`check=False`: the caller checks, see `publish_parts`). A sharded trainer has no whole tensors: see
         `weight_shards`."""
         if self.world > 1:
             raise RuntimeError("a sharded trainer publishes its shards (weight_shards), never whole weights")
@@ -620,8 +620,7 @@ class Trainer:
         """This rank's rows of every published tensor (FSDP shards dim 0 in contiguous row blocks), cast to
         `publish_dtype`: each rank writes them at their offsets into the one flat buffer of the version.
         The cast rows lie back to back in one buffer, written by one multi-tensor copy (a cast a tensor cost a
-        launch and an allocation each). `check=False`: the caller checks them (`published_nonfinite` or
-        `nonfinite_flags`, then `raise_nonfinite` on every rank)."""
+        launch and an allocation each). `check=False`: the caller checks them (`publish_parts`)."""
         if check:
             self.check_finite()
         views = self._shards()
@@ -636,6 +635,16 @@ class Trainer:
             torch._foreach_copy_(cast, [v.local for v in views])
         self._cast = flat
         return [WeightShard(v.name, v.shape, dtype, v.first_row, c) for v, c in zip(views, cast)]
+
+    def publish_parts(self) -> tuple[Any, torch.Tensor]:
+        """What a publish copies out, and one flag for all of it queued on the device (1: NaN or inf): a single
+        trainer's whole tensors (`named_weights`), a sharded one's rows (`weight_shards`). After the copy,
+        `raise_nonfinite(flag, summary=True)` judges them, on every rank alike."""
+        if self.world > 1:
+            shards = self.weight_shards(check=False)
+            return shards, self.published_nonfinite()
+        flag = self.nonfinite_flags().max().view(1)
+        return self.named_weights(check=False), flag
 
     @torch.no_grad()
     def published_nonfinite(self) -> torch.Tensor:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
-from laminar.sim.config import LengthConfig
 from laminar.sim.experiment import run_many
 from laminar.sim.validation import small_gpu_config
 
@@ -35,17 +35,9 @@ VARIANTS = [
 
 
 def base(seed: int):
-    lengths = LengthConfig(
-        kind="bench",
-        median=512,
-        p99_over_median=10.0,
-        max_response=4096,
-        prompt_median=257,
-        drift_per_step=0.0,
-        num_prompts=4096,
-        workload_seed=seed,
-    )
-    return small_gpu_config(
+    small = small_gpu_config()
+    lengths = replace(small.lengths, median=512, max_response=4096, prompt_median=257, workload_seed=seed)
+    return small.with_(
         seed=seed,
         steps=12,
         warmup_steps=3,

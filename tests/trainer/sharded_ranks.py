@@ -48,14 +48,13 @@ def publish(tr, flat: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
     from laminar.engine.weights import WeightLayout
     from laminar.relay.publisher import ShardWriter
 
-    shards = tr.weight_shards(check=False)
-    flags = tr.published_nonfinite()
+    shards, flag = tr.publish_parts()
     layout = WeightLayout.of_specs([(s.name, s.shape, s.dtype) for s in shards])
     if rank == 0:
         flat.write_bytes(b"\0" * layout.total_bytes)
     dist.barrier()
     ShardWriter().write(str(flat), layout, shards)
-    tr.raise_nonfinite(flags, summary=True)  # the ranks agree, and have all written
+    tr.raise_nonfinite(flag, summary=True)  # the ranks agree, and have all written
 
 
 def nonfinite(tr, out: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
@@ -66,8 +65,7 @@ def nonfinite(tr, out: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
         with torch.no_grad():
             p.to_local()[0, 0] = float("inf")
     try:
-        tr.weight_shards(check=False)
-        tr.raise_nonfinite(tr.published_nonfinite(), summary=True)
+        tr.raise_nonfinite(tr.publish_parts()[1], summary=True)
         out.write_text("published")
     except NonFiniteError as e:
         out.write_text(str(e))
