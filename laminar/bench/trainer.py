@@ -291,6 +291,8 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         # rank 0's stall in parts: the weights cast to the publish dtype and the finite flags launched; the
         # slot's path from rank 0 and this rank's rows written; the ranks' agreement that all are finite
         "publish_phases_ms_median": {k: round(1e3 * med(v), 2) for k, v in phases.items()},
+        # every publish, in the same parts (the median above takes each part's median on its own)
+        "publish_phases_ms": [{k: round(1e3 * phases[k][i], 2) for k in phases} for i in range(len(stalls))],
         "published_tensors": len(names),
     }
 

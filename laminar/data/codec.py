@@ -94,6 +94,9 @@ class TaskCodec:
         self.system_prompt = system_prompt
         eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
         self.end_ids = tuple(dict.fromkeys([*eos, *end_ids]))
+        self._tool_frame: tuple[str, str] | None = (
+            None  # a rendered tool turn's text before and after the output
+        )
 
     @classmethod
     def from_dir(
@@ -182,6 +185,43 @@ class TaskCodec:
             if cut >= len("CALL") and after.startswith(before[:cut]):
                 return list(tok(after[cut:], add_special_tokens=False)["input_ids"])
         return list(tok(f"\n<tool_output>\n{text}\n</tool_output>\n", add_special_tokens=False)["input_ids"])
+
+    def response_text(self, ids: list[int], loss_mask: list[int]) -> str:
+        """A multi-turn response as a reward reads it, whatever the chat template: each of the model's turns as
+        `decode` gives it (up to its end token), each tool output in between as the plain form,
+        `\n<tool_output>\nTEXT\n</tool_output>\n`, with the template's scaffolding (end of turn, tool role, next
+        assistant prompt) taken off. `decode` alone would stop at the end token of the first turn."""
+        if not loss_mask:
+            return self.decode(ids)
+        parts: list[str] = []
+        start = 0
+        for i in range(1, len(ids) + 1):
+            if i == len(ids) or loss_mask[i] != loss_mask[start]:
+                span = ids[start:i]
+                parts.append(self.decode(span) if loss_mask[start] else self._tool_text(span))
+                start = i
+        return "".join(parts)
+
+    def _tool_text(self, ids: list[int]) -> str:
+        """The tool's output inside a rendered tool turn (`render_tool_output`), in the plain form."""
+        n = self.vocab_size
+        raw = self.tokenizer.decode([i for i in ids if 0 <= i < n], skip_special_tokens=False)
+        if self._tool_frame is None:
+            marker = "TOOLTEXT"
+            framed = self.tokenizer.decode(self.render_tool_output(marker), skip_special_tokens=False)
+            head, sep, tail = framed.partition(marker)
+            self._tool_frame = (head, tail) if sep else ("", "")
+        head, tail = self._tool_frame
+        if (
+            (head or tail)
+            and raw.startswith(head)
+            and raw.endswith(tail)
+            and len(raw) >= len(head) + len(tail)
+        ):
+            text = raw[len(head) : len(raw) - len(tail)]
+        else:
+            text = self.tokenizer.decode([i for i in ids if 0 <= i < n], skip_special_tokens=True)
+        return f"\n<tool_output>\n{text.strip()}\n</tool_output>\n"
 
     def decode(self, ids: list[int]) -> str:
         """Text up to (not including) the first end token; special tokens dropped."""

@@ -39,6 +39,7 @@ class WarmupConfig:
     seed: int = 1234  # the RL dataset uses other seeds, so warm-up rows are not the RL rows
     threads: int = 2
     tool_share: float = 0.5  # tool_arith: the share of demonstrations that call the calculator
+    device: str = "cpu"  # where the supervised steps run ("cuda" for a real model on a GPU machine)
 
     @classmethod
     def for_task(cls, task: str) -> WarmupConfig:
@@ -173,11 +174,14 @@ def warmup(
         codec = TaskCodec.from_dir(check_model_dir(model_path))
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).train()
     example = examples_of(task, codec, cfg)
+    device = torch.device(cfg.device)
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30))
     t0 = time.perf_counter()
     for step in range(cfg.steps):
-        loss = model(**supervised_batch([example(rng) for _ in range(cfg.batch_size)], codec.pad_id)).loss
+        batch = supervised_batch([example(rng) for _ in range(cfg.batch_size)], codec.pad_id)
+        loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -188,6 +192,7 @@ def warmup(
                 f"warmup step {step:4d}  loss {loss.item():.3f}  {time.perf_counter() - t0:5.1f}s", flush=True
             )
 
+    model.to("cpu")
     if model_path is None:
         out = save_model_dir(model, codec, out)
     else:  # the model's own tokenizer files, chat template included
@@ -201,6 +206,7 @@ def warmup(
         **({"model": str(model_path), "lr": cfg.lr} if model_path is not None else {}),
         "params": n_params,
         "steps": cfg.steps,
+        "device": cfg.device,
         **({"tool_share": cfg.tool_share} if task == "tool_arith" else {}),
         "seconds": round(time.perf_counter() - t0, 1),
     }
@@ -238,12 +244,21 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"demonstrations a step (default: {WarmupConfig.batch_size})",
     )
+    ap.add_argument(
+        "--device",
+        default=WarmupConfig.device,
+        help="where the supervised steps run: cpu (default) or cuda (a GPU machine)",
+    )
     args = ap.parse_args(argv)
+    if args.device.split(":")[0] not in ("cpu", "cuda"):
+        ap.error(f"--device {args.device!r}: give cpu or cuda (cuda:N for one GPU of several)")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this machine has no CUDA GPU; give --device cpu")
     if args.steps is not None and args.steps < 1:
         ap.error(f"--steps {args.steps}: a warm start needs at least 1 supervised step")
     if args.model and not args.out:
         ap.error("--model needs --out: the default directories hold the tiny model's warm starts")
-    cfg = replace(WarmupConfig.for_task(args.task), seed=args.seed)
+    cfg = replace(WarmupConfig.for_task(args.task), seed=args.seed, device=args.device)
     if args.batch_size is not None and args.batch_size < 1:
         ap.error(f"--batch-size {args.batch_size}: a step needs at least 1 demonstration")
     if args.steps is not None:

@@ -55,13 +55,20 @@ class RewardScorer:
     threads at once (`ScoringPool`)."""
 
     def __init__(
-        self, fn: RewardFn | str, decode: Callable[[list[int]], str], timeout_s: float | None = None
+        self,
+        fn: RewardFn | str,
+        decode: Callable[[list[int]], str],
+        timeout_s: float | None = None,
+        decode_turns: Callable[[list[int], list[int]], str] | None = None,
     ) -> None:
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"reward timeout_s={timeout_s}: must be > 0 (or None for no limit)")
         self.fn = load_reward(fn) if isinstance(fn, str) else fn
         self.name = fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}"
         self.decode = decode
+        # a response with tool outputs (a loss mask) as one text, its turns and outputs in order
+        # (`TaskCodec.response_text`); without it such a response is read by `decode` alone
+        self.decode_turns = decode_turns
         self.timeout_s = timeout_s
         self.errors = 0
         self.scored = 0
@@ -69,7 +76,11 @@ class RewardScorer:
         self._lock = threading.Lock()  # scoring (several threads) and reporting run on different threads
 
     def score(self, traj: Trajectory, row: dict[str, Any]) -> float:
-        reward, kind, message = self._call(self.decode(traj.response_ids), row)
+        if traj.loss_mask and self.decode_turns is not None:
+            text = self.decode_turns(traj.response_ids, traj.loss_mask)
+        else:
+            text = self.decode(traj.response_ids)
+        reward, kind, message = self._call(text, row)
         with self._lock:
             self.scored += 1
             self.errors += kind is not None

@@ -82,7 +82,9 @@ class ScorerRecipe:
             "arith": "laminar.rewards.math:default_score",
             "tool_arith": "laminar.rewards.tool_arith:tool_arith_reward",
         }.get(self.task, DEFAULT_REWARD)
-        return RewardScorer(self.reward or default, codec.decode, timeout_s=self.timeout_s)
+        return RewardScorer(
+            self.reward or default, codec.decode, timeout_s=self.timeout_s, decode_turns=codec.response_text
+        )
 
 
 class ToolRecipe:

@@ -188,6 +188,7 @@ class Trainer:
         self._names: list[str] | None = None  # see publish_names
         self._compute_views: dict[str, torch.Tensor] | None = None  # see named_weights
         self._cast: torch.Tensor | None = None  # the last weight_shards' cast rows, one buffer
+        self._cast_rows: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # that buffer and its views
         self.nonfinite_steps = 0  # skipped steps, all told
         self.nonfinite_in_a_row = 0
         if self.device.type == "cuda":
@@ -619,8 +620,9 @@ class Trainer:
     def weight_shards(self, check: bool = True) -> list[WeightShard]:
         """This rank's rows of every published tensor (FSDP shards dim 0 in contiguous row blocks), cast to
         `publish_dtype`: each rank writes them at their offsets into the one flat buffer of the version.
-        The cast rows lie back to back in one buffer, written by one multi-tensor copy (a cast a tensor cost a
-        launch and an allocation each). `check=False`: the caller checks them (`publish_parts`)."""
+        The cast rows lie back to back in one buffer, kept between publishes and written by one multi-tensor
+        copy (a cast a tensor cost a launch and an allocation each); the returned rows are views of it, valid
+        until the next call. `check=False`: the caller checks them (`publish_parts`)."""
         if check:
             self.check_finite()
         views = self._shards()
@@ -628,10 +630,14 @@ class Trainer:
         dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else views[0].dtype
         if dtype == views[0].dtype:
             return list(views)  # published as they are
-        with torch.no_grad():
+        if self._cast_rows is None or self._cast_rows[0].dtype != dtype:
+            # kept between publishes: a fresh allocation of the whole shard each time can make the caching
+            # allocator free its cached blocks first, with a device-wide sync (tens to hundreds of ms)
             flat = torch.empty(sum(v.local.numel() for v in views), dtype=dtype, device=views[0].local.device)
             parts = torch.split(flat, [v.local.numel() for v in views])
-            cast = [p.view(v.local.shape) for p, v in zip(parts, views)]
+            self._cast_rows = (flat, [p.view(v.local.shape) for p, v in zip(parts, views)])
+        flat, cast = self._cast_rows
+        with torch.no_grad():
             torch._foreach_copy_(cast, [v.local for v in views])
         self._cast = flat
         return [WeightShard(v.name, v.shape, dtype, v.first_row, c) for v, c in zip(views, cast)]

@@ -1,12 +1,13 @@
 """The rollout-bound repack configuration (configs/gpu-repack.yaml) in the cluster simulator: Laminar with and
-without repack, and the knobs that trade repack's gain against staleness, over six workload seeds. Writes
-sim-sweep.json and sim-sweep.md beside this file.
+without repack, and the knobs that trade repack's gain against staleness, over six workload seeds, at 8 groups
+a step (the first GPU runs) and at 16 (the configuration now). Writes sim-sweep.json and sim-sweep.md beside
+this file.
 
     python results/repack-gpu/sim_sweep.py
 
 The simulator's small-GPU model (`laminar.sim.validation.small_gpu_config`: 1 trainer and 3 replicas, H200
 costs, uncalibrated) with the runtime's dispatch defaults and this configuration's lengths: responses of median
-512 (p99 10x, capped at 4096), 257-token prompts, 12 steps of 8 groups of 8, 3 of them warm-up.
+512 (p99 10x, capped at 4096), 257-token prompts, 12 steps of 8 or 16 groups of 8, 3 of them warm-up.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ VARIANTS = [
 ]
 
 
-def base(seed: int):
+def base(seed: int, groups_per_step: int):
     small = small_gpu_config()
     lengths = replace(small.lengths, median=512, max_response=4096, prompt_median=257, workload_seed=seed)
     return small.with_(
@@ -47,13 +48,14 @@ def base(seed: int):
         repack_newest_first=True,
         repack_max_age=3,
         lengths=lengths,
+        groups_per_step=groups_per_step,
     )
 
 
-def main() -> None:
+def table(groups_per_step: int) -> tuple[dict[str, list[dict]], list[str]]:
     runs: dict[str, list[dict]] = {name: [] for name, _ in VARIANTS}
     for seed in SEEDS:
-        out = run_many([base(seed).with_(**kw) for _, kw in VARIANTS], 2)
+        out = run_many([base(seed, groups_per_step).with_(**kw) for _, kw in VARIANTS], 2)
         for (name, _), o in zip(VARIANTS, out):
             runs[name].append(
                 {
@@ -65,6 +67,8 @@ def main() -> None:
             )
     ref = statistics.mean(r["training_throughput"] for r in runs["without repack"])
     lines = [
+        f"{groups_per_step} groups of 8 a step:",
+        "",
         "| variant | training tok/s (mean of 6 seeds) | vs without repack | staleness p99 by seed |",
         "|---|---|---|---|",
     ]
@@ -72,6 +76,14 @@ def main() -> None:
         mean = statistics.mean(r["training_throughput"] for r in runs[name])
         p99 = ", ".join(str(r["staleness_p99"]) for r in runs[name])
         lines.append(f"| {name} | {mean:,.0f} | {mean / ref:.2f}x | {p99} |")
+    return runs, lines
+
+
+def main() -> None:
+    runs, lines = {}, []
+    for groups_per_step in (8, 16):
+        runs[f"groups_per_step={groups_per_step}"], part = table(groups_per_step)
+        lines += [*part, ""]
     here = Path(__file__).parent
     (here / "sim-sweep.json").write_text(json.dumps(runs, indent=1) + "\n")
     (here / "sim-sweep.md").write_text("\n".join(lines) + "\n")

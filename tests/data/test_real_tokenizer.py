@@ -89,6 +89,30 @@ def test_every_declared_end_token_ends_a_response_and_the_decode_stops_at_the_fi
         assert codec.decode(answer + [end] + answer) == "The answer is 42."
 
 
+@pytest.mark.parametrize("style", ["llama3", "chatml"])
+def test_a_reward_reads_every_turn_of_a_tool_using_response(style, llama_dir, chatml_dir):
+    """A chat template ends the call's turn with an end token: the reward still reads the answer after the tool
+    turn, and the tool's output comes in the plain form whatever the template wrapped it in."""
+    from laminar.rewards.tool_arith import tool_arith_reward
+
+    codec = TaskCodec.from_dir(llama_dir if style == "llama3" else chatml_dir)
+    words = lambda text: codec.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    call, tool, answer = (
+        words('<tool_call>{"a": 1}</tool_call>'),
+        codec.render_tool_output("4517277"),
+        words("4517277"),
+    )
+    end = codec.end_ids[0]
+    assert end in tool  # the template's end of the call's turn sits in the rendered tool turn
+    ids = call + [end] + tool + answer + [end]
+    mask = [1] * (len(call) + 1) + [0] * len(tool) + [1] * (len(answer) + 1)
+    text = codec.response_text(ids, mask)
+    assert text == '<tool_call>{"a": 1}</tool_call>\n<tool_output>\n4517277\n</tool_output>\n4517277'
+    assert codec.decode(ids) == '<tool_call>{"a": 1}</tool_call>'  # what the reward read before: no answer
+    assert tool_arith_reward(text, {"answer": "4517277"}) == 1.0
+    assert codec.response_text(answer + [end], []) == codec.decode(answer + [end]) == "4517277"
+
+
 def greedy(engine, prompt, **kw):
     engine.add_request("r", prompt, SamplingParams(temperature=0, max_new_tokens=16, **kw))
     while engine.has_unfinished():

@@ -26,3 +26,16 @@ def test_warmup_writes_a_loadable_hf_dir(tmp_path):
     assert 200_000 <= n_params <= 2_000_000
     logits = model(torch.tensor([codec.encode_prompt("1 2 =")])).logits
     assert logits.shape[-1] == codec.vocab_size == model.config.vocab_size
+
+
+def test_warmup_device_is_checked(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "w"), "--steps", "1", "--device", "tpu"])
+    assert "give cpu or cuda" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            main(["--out", str(tmp_path / "w"), "--steps", "1", "--device", "cuda"])
+        assert "no CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
