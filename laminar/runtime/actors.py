@@ -189,10 +189,14 @@ class TrainerActor:
         self.remote_ranks = 0  # ranks on other machines than rank 0 (they send pieces)
         self.remote = False  # this rank is one of them
         self.pieces: list[Any] = []  # this rank's piece calls still unanswered
-        if world == 1:
-            from laminar.trainer.trainer import Trainer
 
-            self.trainer = Trainer(trainer_cfg)
+    def load(self) -> None:
+        """A single rank's policy (and optimizer), built here rather than in the constructor so that the actor
+        answers `node_id` at once: the runtime starts the rollouts while the policy loads. Several ranks build
+        theirs in `join`."""
+        from laminar.trainer.trainer import Trainer
+
+        self.trainer = Trainer(self.cfg)
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()

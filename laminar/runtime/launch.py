@@ -27,6 +27,9 @@ from laminar.schedules.schedule import Schedule
 from laminar.telemetry.recorder import Recorder, write_trajectories
 from laminar.trainer.grpo import informative
 
+# Loading the policy may take this many `run.timeout_s` (a large model from a slow disk, sharded over ranks).
+LOAD_TIMEOUT_FACTOR = 5
+
 
 def on_driver_node(soft: bool = False) -> dict[str, Any]:
     """Actor options that place it on the driver's machine (soft: there if it fits, elsewhere if not)."""
@@ -147,9 +150,12 @@ class Runtime:
         rt.trainer_spec = (resources, plain)
         recorder.log(
             "phase",
-            what="starting the trainer (loads the policy" + (" and the KL reference)" if t.kl_coef else ")"),
+            what="starting the trainer (it loads the policy"
+            + (" and the KL reference" if t.kl_coef else "")
+            + " while the rollouts start)",
         )
-        rt.trainer = rt._start_trainer()
+        # The policy loads in the background while the relays and the rollouts start (`wait_loaded` below).
+        rt.trainer = rt._start_trainer(wait=False)
         trainer_node = rt.trainer.call_rank0("node_id", timeout=cfg.run.timeout_s)
         # One secret per run, handed to every relay through Ray: only this run's relays may feed the tier.
         rt.relay_settings = RelaySettings.for_run(
@@ -170,6 +176,7 @@ class Runtime:
         rt.relays = [master]
         if resume is not None:
             recorder.log("phase", what=f"restoring the checkpoint {resume}")
+            rt.trainer.wait_loaded(LOAD_TIMEOUT_FACTOR * cfg.run.timeout_s)
             rt.restore(resume)
             # the replicas start from the checkpoint's weights, at its version
             factory.engine_path, factory.version = str(resume), rt.version
@@ -190,6 +197,8 @@ class Runtime:
             rt.manager.start.remote(factory, master, trainer_node, r.replicas), timeout=cfg.run.timeout_s * 2
         )
         rt.replicas = ray.get(rt.manager.live_replicas.remote(), timeout=cfg.run.timeout_s)
+        recorder.log("phase", what="waiting for the trainer's policy")
+        rt.trainer.wait_loaded(LOAD_TIMEOUT_FACTOR * cfg.run.timeout_s)
         if cfg.eval.every > 0:
             rt.evaluator = Evaluator(
                 cfg.eval,
@@ -408,12 +417,13 @@ class Runtime:
                 continue  # died at the very end: what it held is not in flight anywhere
         return running
 
-    def _start_trainer(self) -> TrainerGroup:
+    def _start_trainer(self, wait: bool = True) -> TrainerGroup:
         """The trainer's ranks (one unless `trainer.num_workers`); a single rank prefers the driver's machine,
-        like the control plane, so the master relay and the checkpoint writes are local."""
+        like the control plane, so the master relay and the checkpoint writes are local. `wait`: return once
+        the policy is loaded (else the caller calls `wait_loaded` before using it)."""
         resources, plain = self.trainer_spec
         t = self.cfg.trainer
-        return TrainerGroup.start(
+        group = TrainerGroup.start(
             plain,
             self.cfg.relay.slots,
             t.num_workers,
@@ -422,6 +432,9 @@ class Runtime:
             on_driver_node(soft=True),
             spread=t.placement == "spread",
         )
+        if wait:
+            group.wait_loaded(LOAD_TIMEOUT_FACTOR * self.cfg.run.timeout_s)
+        return group
 
     def _restart_trainer(self) -> None:
         """The trainer died: a new one loads the last checkpoint and trains again on every batch consumed since

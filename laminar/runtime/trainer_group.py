@@ -24,8 +24,9 @@ DIED = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 
 class TrainerGroup:
-    def __init__(self, ranks: list[Any], pg: Any = None) -> None:
+    def __init__(self, ranks: list[Any], pg: Any = None, loading: list[Any] | None = None) -> None:
         self.ranks, self.pg = ranks, pg
+        self.loading = loading or []  # the ranks' policy builds still running (`wait_loaded`)
 
     @classmethod
     def start(
@@ -39,9 +40,11 @@ class TrainerGroup:
         spread: bool = False,
     ) -> TrainerGroup:
         """`resources` per rank (num_cpus, num_gpus); `here`: where a single rank prefers to run; `spread`: one
-        rank a machine (else all on one)."""
+        rank a machine (else all on one). The ranks build their policy in the background: every rank answers
+        `node_id` and `attach_master` at once, and `wait_loaded` waits for the policy before anything else."""
         if world == 1:
-            return cls([TrainerActor.options(**resources, **here).remote(cfg, slots)])
+            rank = TrainerActor.options(**resources, **here).remote(cfg, slots)
+            return cls([rank], loading=[rank.load.remote()])
         bundle = {"CPU": resources["num_cpus"]} | (
             {"GPU": resources["num_gpus"]} if resources["num_gpus"] else {}
         )
@@ -69,11 +72,23 @@ class TrainerGroup:
         group = cls(ranks, pg)
         try:
             host, port = ray.get(ranks[0].address.remote(), timeout=timeout_s)
-            ray.get([r.join.remote(host, port) for r in ranks], timeout=timeout_s * 5)
         except BaseException:
             group.kill()
             raise
+        group.loading = [r.join.remote(host, port) for r in ranks]
         return group
+
+    def wait_loaded(self, timeout: float) -> None:
+        """Until every rank has built its policy (a single rank's `load`, or every rank's `join`). A rank that
+        fails to build it takes the group down and its error goes on."""
+        if not self.loading:
+            return
+        try:
+            ray.get(self.loading, timeout=timeout)
+        except BaseException:
+            self.kill()
+            raise
+        self.loading = []
 
     @property
     def world(self) -> int:
