@@ -326,8 +326,12 @@ HIGH_LR = 1e-4
 
 
 def lr_warning(cfg: Config) -> str | None:
-    """The one line a real model's run prints when its learning rate is the demo's kind (the run goes on)."""
+    """The one line a real model's run prints when its learning rate is the demo's kind (the run goes on). A
+    random-initialised model (`python -m laminar.engine.random_model`, which leaves `random_model.json`) has
+    nothing pretrained to wreck: the throughput benchmarks run those."""
     if not cfg.model.path or cfg.trainer.lr <= HIGH_LR:
+        return None
+    if (Path(cfg.model.path) / "random_model.json").is_file():
         return None
     return (
         f"warning: trainer.lr={cfg.trainer.lr:g} with model.path set: learning rates above {HIGH_LR:g} (the demo's "

@@ -90,6 +90,16 @@ def test_a_demo_learning_rate_on_a_real_model_warns_in_one_line(tiny_model_dir):
     assert "\n" not in line
 
 
+def test_a_random_initialised_model_has_no_learning_rate_to_warn_about(tmp_path):
+    import json
+    import shutil
+
+    (tmp_path / "random_model.json").write_text(json.dumps({"random_init": True}))
+    assert lr_warning(load_config(None, [f"model.path={tmp_path}"])) is None
+    shutil.move(tmp_path / "random_model.json", tmp_path / "other.json")
+    assert "trainer.lr=0.0006" in lr_warning(load_config(None, [f"model.path={tmp_path}"]))
+
+
 def test_a_tool_that_does_not_load_is_named_before_anything_starts():
     with pytest.raises(ConfigError, match=r"task.tools=\['nope'\].*not a built-in tool"):
         load_config(None, ["task.tools=[nope]"])
