@@ -15,7 +15,9 @@ if [ ! -f /tmp/smol-tool-warm/model.safetensors ]; then
     --steps 60 --batch-size 8 --lr 1e-4 --device cuda 2>&1 | grep -v "Warning\|warn" | tee "$out/warmup.log"
   cp /tmp/smol-tool-warm/warmup.json "$out/"
 fi
-[ -z "${WAIT_FOR:-}" ] || while [ ! -e "$WAIT_FOR" ]; do sleep 1; done  # another part of the call frees GPUs
+if [ -n "${WAIT_FOR:-}" ]; then  # another part of the call frees the GPUs when it creates this file
+  timeout 900 bash -c "until [ -e '$WAIT_FOR' ]; do sleep 1; done" || { echo "no $WAIT_FOR after 900 s"; exit 1; }
+fi
 date
 python3 -m laminar.cli train configs/smollm2-tool-arith.yaml model.path=/tmp/smol-tool-warm run.out="$run" "$@" \
   2>&1 | grep -v "Warning\|warn" | tee "$out/train.log"

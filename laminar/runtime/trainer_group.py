@@ -85,6 +85,12 @@ class TrainerGroup:
             return
         try:
             ray.get(self.loading, timeout=timeout)
+        except ray.exceptions.GetTimeoutError as e:
+            self.kill()
+            raise RuntimeError(
+                f"the trainer did not load its policy within {timeout:.0f}s ({self.world} rank(s)); a larger "
+                "run.timeout_s gives it longer (a model from a slow disk), or the trainer's log says why"
+            ) from e
         except BaseException:
             self.kill()
             raise
