@@ -14,6 +14,7 @@ COMMANDS = {
     ("bench", "convergence"): "laminar.bench.convergence:main",
     ("bench", "trainer"): "laminar.bench.trainer:main",
     ("bench", "batches"): "laminar.bench.batches:main",
+    ("bench", "seeds"): "laminar.bench.seeds:main",
     ("simulate",): "laminar.sim.cli:main",
     ("audit",): "laminar.telemetry.audit:main",
     ("model", "import"): "laminar.models.gguf_import:main",
@@ -31,6 +32,7 @@ commands:
   bench convergence CONFIG         held-out accuracy over wall time of one job under several schedules
   bench trainer                    the trainer step alone on synthetic groups: tokens/s, padding, MFU
   bench batches                    the engine alone on batches of short grouped answers: where a batch's time goes
+  bench seeds NAME=DIR... --out D  one table of `bench schedules` over several seeds: ratios per seed and overall
   simulate                         the cluster simulator (64 to 1024 GPUs)
   audit RUN_DIR                    every trajectory trained exactly once, or lost for a reason
   model import FILE.gguf --out DIR a .gguf file (only) as a Hugging Face model directory (extra [gguf])
