@@ -91,6 +91,7 @@ class Cluster:
                 schedule_event=self.at,
                 on_finish=self._on_finish,
                 on_drained=self._on_drained,
+                tool_workers=cfg.tool_workers,
             )
             for rid in range(cfg.rollout_replicas)
         ]
@@ -149,15 +150,39 @@ class Cluster:
 
     def new_group(self, version: int) -> Group:
         prompt, lengths = self.lengths.group(self.next_gid)
+        script = self.lengths.script(self.next_gid, max(lengths))
         group = Group(self.next_gid, version, pending=len(lengths))
         self.next_gid += 1
         max_len = self.replicas[0].kv_capacity - 1  # max_model_len: one request must fit a replica
         for length in lengths:
-            length = min(length, max_len - prompt)
-            group.trajs.append(Traj(self._next_tid, group, prompt, length, version, t_start=self.now))
+            traj = Traj(
+                self._next_tid, group, prompt, min(length, max_len - prompt), version, t_start=self.now
+            )
+            if script is not None:
+                self._place_calls(traj, length, script)
+            group.trajs.append(traj)
             self._next_tid += 1
         self.n_unconsumed += 1
         return group
+
+    def _place_calls(self, traj: Traj, length: int, script: dict[str, Any]) -> None:
+        """The group's tool calls on one sample, as the runtime's replica plays a row's `tool_script`: call i
+        comes after `calls_at[i]` sampled tokens, so after `calls_at[i] + i * out` response tokens, and each
+        appends `out` tokens. A bench row's length already counts the outputs; a drawn length is the sampled
+        tokens alone. Calls past the sample's sampled tokens (or the context limit) are not made."""
+        out = int(script["output_tokens"])
+        calls_at, latency = script["calls_at"], script["latency_s"]
+        sampled = length - len(calls_at) * out if self.cfg.lengths.kind == "bench" else length
+        limit = self.replicas[0].kv_capacity - 1 - traj.prompt
+        made: list[int] = []
+        for i, at in enumerate(calls_at):
+            if at >= sampled or at + (len(made) + 1) * out >= limit:
+                break
+            made.append(i)
+        traj.calls = tuple(calls_at[i] + j * out for j, i in enumerate(made))
+        traj.latencies = tuple(latency[i] for i in made)
+        traj.target = min(sampled + len(made) * out, limit)
+        traj.out_tokens = out
 
     def dispatch(self, replica: Replica, groups: int) -> None:
         """Give `replica` that many new prompt groups, generated with its current version."""
@@ -273,7 +298,7 @@ class Cluster:
             trajs = r.take_all(self.now)
             for t in trajs:
                 self.record.restarted += t.generated > 0
-                t.generated = 0.0
+                t.rewind()
             r.stall(self.now, self.cost.job_restart_s, "weights")
             r.add(trajs, self.now)
 

@@ -60,6 +60,7 @@ class SimConfig:
         "fifo"  # the experience buffer's sampler, by name (`laminar.data.experience_buffer.SAMPLERS`)
     )
     relay_pinned: bool = True
+    tool_workers: int = 4  # `task.tool_workers`: tool calls a replica runs at once (the tool workload)
     seed: int = 0
     failures: tuple[Failure, ...] = ()
     max_sim_time_s: float = 1e7

@@ -9,8 +9,10 @@ group's slowest sample, not the average one, set its completion time.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +37,13 @@ class LengthConfig:
     empirical_path: str = ""
     num_prompts: int = 4096  # bench: rows of the length-controlled dataset (`task.num_prompts`)
     workload_seed: int = 0  # bench: the dataset's seed (`task.seed`); the pool's order follows the run's seed
+    # the tool workload (`task.tool_calls_mean` and its siblings): each response cut into turns by tool calls,
+    # placed as the runtime's `LengthWorkload.tool_script` places them; 0 = single-turn responses
+    tool_calls_mean: float = 0.0
+    tool_calls_min: int = 0
+    tool_latency_median_s: float = 0.5
+    tool_latency_p99_ratio: float = 10.0
+    tool_output_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -43,6 +52,27 @@ class LengthConfig:
             raise ValueError("lengths.empirical_path is required when lengths.kind='empirical'")
         if not 0.0 <= self.group_corr <= 1.0:
             raise ValueError(f"lengths.group_corr={self.group_corr} must be in [0, 1]")
+        if self.tool_calls_mean < 0 or self.tool_latency_median_s < 0 or self.tool_output_tokens < 0:
+            raise ValueError(
+                "lengths.tool_calls_mean, tool_latency_median_s and tool_output_tokens must be >= 0, got "
+                f"{self.tool_calls_mean}, {self.tool_latency_median_s}, {self.tool_output_tokens}"
+            )
+
+    def workload(self) -> Any:
+        """The runtime's length-controlled workload with these lengths and tool calls."""
+        from laminar.data.lengths import LengthWorkload
+
+        return LengthWorkload(
+            median=int(self.median),
+            p99_ratio=self.p99_over_median,
+            max_len=self.max_response,
+            seed=self.workload_seed,
+            tool_calls_mean=self.tool_calls_mean,
+            tool_calls_min=self.tool_calls_min,
+            tool_latency_median_s=self.tool_latency_median_s,
+            tool_latency_p99_ratio=self.tool_latency_p99_ratio,
+            tool_output_tokens=self.tool_output_tokens,
+        )
 
 
 class LengthSampler:
@@ -59,26 +89,37 @@ class LengthSampler:
         self.cfg, self.n, self.groups_per_step, self.seed = cfg, group_size, groups_per_step, seed
         self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._empirical = _load_empirical(cfg.empirical_path) if cfg.kind == "empirical" else None
-        self._bench: list[int] = []
+        self._bench: list[tuple[int, dict[str, Any] | None]] = []
         self._pool = None
 
     def _bench_group(self, index: int) -> tuple[int, list[int]]:
+        self._bench_row(index)
+        return int(self.cfg.prompt_median), [self._bench[index][0]] * self.n
+
+    def _bench_row(self, index: int) -> tuple[int, dict[str, Any] | None]:
         if self._pool is None:
-            from laminar.data.lengths import LengthWorkload
             from laminar.data.prompt_pool import PromptPool
 
-            cfg = self.cfg
-            rows = LengthWorkload(
-                median=int(cfg.median),
-                p99_ratio=cfg.p99_over_median,
-                max_len=cfg.max_response,
-                seed=cfg.workload_seed,
-            ).rows(cfg.num_prompts)
+            rows = self.cfg.workload().rows(self.cfg.num_prompts)
             self._pool = PromptPool(rows, lambda _: [0], self.n, seed=self.seed)
         while len(self._bench) <= index:
             (group,) = self._pool.next_groups(1)
-            self._bench.append(int(group.meta["sampling"]["max_new_tokens"]))
-        return int(self.cfg.prompt_median), [self._bench[index]] * self.n
+            self._bench.append((int(group.meta["sampling"]["max_new_tokens"]), group.meta.get("tool_script")))
+        return self._bench[index]
+
+    def script(self, index: int, length: int) -> dict[str, Any] | None:
+        """Group `index`'s tool calls (`LengthWorkload.tool_script`: after how many sampled tokens each comes,
+        its latency, its output size), shared by the group's samples as a row's script is; None: no calls.
+        `length` is the group's response length with the calls' outputs (the bench rows count them in)."""
+        cfg = self.cfg
+        if cfg.tool_calls_mean <= 0 and cfg.tool_calls_min <= 0:
+            return None
+        if cfg.kind == "bench":
+            return self._bench_row(index)[1]
+        if length < 2:
+            return None
+        rng = random.Random(f"{self.seed}/{index}")  # a group's calls depend on (seed, group) only
+        return cfg.workload().tool_script(length, rng)
 
     def group(self, index: int) -> tuple[int, list[int]]:
         if self.cfg.kind == "bench":

@@ -8,7 +8,14 @@ from laminar.data import staleness
 from laminar.sim.cluster import Cluster
 from laminar.sim.replica import Busy
 
-ACTIVITIES = ("decode", "prefill", "reprefill", "weights", "repack")
+ACTIVITIES = (
+    "decode",
+    "prefill",
+    "reprefill",
+    "weights",
+    "repack",
+    "tool_wait",
+)  # tool_wait: only parked requests
 
 
 def summarise(c: Cluster, wall_s: float | None = None) -> dict[str, Any]:

@@ -34,6 +34,26 @@ class Traj:
     reprefill: float = 0.0  # tokens prefilled again after an interruption, a move or a preemption
     t_start: float = 0.0
     t_end: float = -1.0
+    # tool calls: the response tokens before each (its earlier calls' outputs counted), their latencies, and
+    # the tokens each appends; `next_call` is the first not yet made
+    calls: tuple[int, ...] = ()
+    latencies: tuple[float, ...] = ()
+    out_tokens: int = 0
+    next_call: int = 0
+    call_done_at: float = -1.0  # parked: when its call's output comes back (kept when it moves)
+    park_token: int = 0  # tells a stale return event from the current one
+    kv_lost: bool = False  # taken while parked: its context must be prefilled again where it resumes
+    resume_tokens: float = 0.0  # tokens to prefill when it is next admitted after a call (0: the usual rule)
+
+    @property
+    def stop(self) -> int:
+        """Where decoding next stops: its next tool call, or its end."""
+        return self.calls[self.next_call] if self.next_call < len(self.calls) else self.target
+
+    def rewind(self) -> None:
+        """Back to its prompt (a restart): no tokens, no calls made."""
+        self.generated = 0.0
+        self.next_call, self.call_done_at, self.kv_lost, self.resume_tokens = 0, -1.0, False, 0.0
 
 
 @dataclass(eq=False, slots=True)
@@ -63,6 +83,7 @@ class Busy:
     batch_seconds: float = 0.0
     tokens: float = 0.0
     preemptions: int = 0
+    tool_wait: float = 0.0  # seconds with requests parked on tool calls and none decoding
 
 
 class Replica:
@@ -81,6 +102,7 @@ class Replica:
         schedule_event: Callable[[float, Callable[[int], None], int], None],
         on_finish: Callable[[Traj, Replica], None],
         on_drained: Callable[[Replica], None],
+        tool_workers: int = 4,
     ) -> None:
         self.rid, self.machine = rid, machine
         self.decode_base, self.per_token_s, self.prefill_cost = decode_base, per_token_s, prefill_s
@@ -90,6 +112,10 @@ class Replica:
         self.alive = True
         self.running: dict[Traj, None] = {}  # insertion order = admission order (preempt the newest)
         self.waiting: deque[Traj] = deque()
+        self.parked: dict[Traj, None] = {}  # waiting for a tool call's output; their KV stays
+        self.parked_kv = 0.0
+        # when each of the replica's tool workers (`task.tool_workers`) is next free: calls queue for them
+        self.tool_free = [0.0] * tool_workers
         self._heap: list[tuple[float, int, Traj]] = []
         self.steps = 0.0
         self.offsets = 0.0  # sum of running offsets: KV tokens = offsets + n * steps
@@ -105,11 +131,11 @@ class Replica:
 
     @property
     def kv_used(self) -> float:
-        return self.offsets + len(self.running) * self.steps
+        return self.offsets + len(self.running) * self.steps + self.parked_kv
 
     @property
     def idle(self) -> bool:
-        return not self.running and not self.waiting
+        return not self.running and not self.waiting and not self.parked
 
     def context(self, traj: Traj) -> float:
         return traj.offset + self.steps
@@ -120,6 +146,8 @@ class Replica:
         """Bring the step counter to `now` (decode runs only outside stalls)."""
         start = max(self.t_last, self.stall_until)
         n = len(self.running)
+        if not n and self.parked and now > start:
+            self.busy.tool_wait += now - start
         if n and now > start:
             dt = now - start
             p = self.decode_base[n] + self.per_token_s * (self.offsets + n * self.steps)
@@ -128,7 +156,7 @@ class Replica:
             self.busy.decode += dt
             self.busy.batch_seconds += n * dt
             self.busy.tokens += n * s
-            kv = self.offsets + n * self.steps
+            kv = self.kv_used
             if kv > self.peak_kv:
                 self.peak_kv = kv
         if now > self.t_last:
@@ -173,6 +201,9 @@ class Replica:
             step, _, traj = heapq.heappop(heap)
             if traj.replica is self and traj.finish_step == step:
                 self._remove(traj)
+                if traj.stop < traj.target:
+                    self._park(traj, now)
+                    continue
                 traj.generated = traj.target
                 traj.t_end = now
                 self._on_finish(traj, self)
@@ -193,16 +224,57 @@ class Replica:
         self.offsets -= traj.offset
         traj.replica = None
 
+    def _park(self, traj: Traj, now: float) -> None:
+        """The request made its next tool call: out of the batch, its KV kept, back when the output is."""
+        traj.generated = traj.stop
+        if traj.call_done_at < 0:  # a fresh call, on the first free worker (a moved one keeps its time)
+            start = max(now, heapq.heappop(self.tool_free))
+            traj.call_done_at = start + traj.latencies[traj.next_call]
+            heapq.heappush(self.tool_free, traj.call_done_at)
+        traj.park_token += 1
+        self.parked[traj] = None
+        self.parked_kv += traj.prompt + traj.generated
+        self._schedule(max(now, traj.call_done_at), self._return, (traj, traj.park_token))
+
+    def _return(self, arg: tuple[Traj, int], now: float) -> None:
+        """A tool call's output: append it and queue the request first; only the appended tokens are
+        prefilled (its KV stayed), or its whole context when it moved while parked."""
+        traj, token = arg
+        if traj not in self.parked or traj.park_token != token or not self.alive:
+            return  # moved or taken since
+        self.advance(now)
+        self._unpark(traj)
+        ctx = traj.prompt + traj.generated
+        traj.generated += traj.out_tokens
+        traj.next_call += 1
+        traj.call_done_at = -1.0
+        traj.resume_tokens = ctx + traj.out_tokens if traj.kv_lost else traj.out_tokens
+        traj.reprefill += ctx if traj.kv_lost else 0.0
+        traj.kv_lost = False
+        self.waiting.appendleft(traj)
+        self.admit(now)
+        self.reschedule(now)
+
+    def _unpark(self, traj: Traj) -> None:
+        del self.parked[traj]
+        self.parked_kv -= traj.prompt + traj.generated
+
     def take(self, traj: Traj) -> Traj:
-        """Remove a running request, keeping its progress (for interruption, moves, preemption)."""
+        """Remove a running or parked request, keeping its progress (for interruption, moves, preemption). A
+        parked one keeps its call's return time; its KV does not go with it."""
+        if traj in self.parked:
+            self._unpark(traj)
+            traj.kv_lost = True
+            return traj
         traj.generated = min(traj.target, self.context(traj) - traj.prompt)
         self._remove(traj)
         return traj
 
     def take_all(self, now: float) -> list[Traj]:
-        """Every request, running (progress kept) then waiting."""
+        """Every request, running (progress kept), parked, then waiting."""
         self.advance(now)
-        out = [self.take(t) for t in list(self.running)] + list(self.waiting)
+        out = [self.take(t) for t in list(self.running)] + [self.take(t) for t in list(self.parked)]
+        out += list(self.waiting)
         self.waiting.clear()
         self._heap.clear()
         self.reschedule(now)
@@ -219,14 +291,17 @@ class Replica:
                 break
             self.waiting.popleft()
             traj.offset = ctx - self.steps
-            traj.finish_step = self.steps + (traj.target - traj.generated)
+            traj.finish_step = self.steps + (traj.stop - traj.generated)
             traj.replica = self
             self._admits += 1
             traj.admit_seq = self._admits
             self.offsets += traj.offset
             self.running[traj] = None
             heapq.heappush(self._heap, (traj.finish_step, traj.tid, traj))
-            if traj.generated > 0:
+            if traj.resume_tokens:  # back from a tool call: its output (and a lost context) only
+                fresh += traj.resume_tokens
+                traj.resume_tokens = 0.0
+            elif traj.generated > 0:
                 traj.reprefill += ctx
                 again += ctx
             else:
@@ -237,8 +312,12 @@ class Replica:
             self.stall(now, total * again / (fresh + again), "reprefill")
 
     def add(self, trajs: list[Traj], now: float, front: bool = False) -> None:
-        """Queue requests and start what fits."""
+        """Queue requests and start what fits; one still waiting for its tool call parks here until then."""
         self.advance(now)
+        for t in trajs:
+            if t.call_done_at >= 0:
+                self._park(t, now)
+        trajs = [t for t in trajs if t.call_done_at < 0]
         if front:
             self.waiting.extendleft(reversed(trajs))
         else:

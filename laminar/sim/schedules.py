@@ -224,7 +224,7 @@ class RuntimeLoop(Base):
         block = c.cost.kv_block_tokens
         loads, trajs = [], {}
         for r in c.live():
-            n = len(r.running)
+            n = len(r.running) + len(r.parked)  # a request waiting for its tool moves too (the runtime's)
             if r.waiting or not n or n >= self.batch_limit:
                 continue
             r.advance(now)
@@ -233,6 +233,9 @@ class RuntimeLoop(Base):
             requests = []
             for t in r.running:
                 requests.append((str(t.tid), math.ceil(r.context(t) / block)))
+                trajs[str(t.tid)] = t
+            for t in r.parked:
+                requests.append((str(t.tid), math.ceil((t.prompt + t.generated) / block)))
                 trajs[str(t.tid)] = t
             used = sum(b for _, b in requests)
             peak = max(used + 1, math.ceil(r.peak_kv / block))
@@ -302,7 +305,7 @@ class RuntimeLoop(Base):
         for gid in sorted(homeless):
             trajs = homeless[gid]
             live = {x.rid: x.version for x in c.live()}
-            load = {x.rid: len(x.running) + len(x.waiting) for x in c.live()}
+            load = {x.rid: len(x.running) + len(x.parked) + len(x.waiting) for x in c.live()}
             chosen = choose_target({t.version for t in trajs}, live, load)
             if chosen is None:
                 self.orphans.setdefault(gid, []).extend(trajs)
@@ -320,7 +323,7 @@ class RuntimeLoop(Base):
         c = self.c
         again = list(homeless)
         for x in c.live():
-            running = [t for t in x.running if t.group is group]
+            running = [t for t in x.running if t.group is group] + [t for t in x.parked if t.group is group]
             waiting = [t for t in x.waiting if t.group is group]
             if not running and not waiting:
                 continue
@@ -337,7 +340,8 @@ class RuntimeLoop(Base):
             if not c.finish_count[t.tid]:
                 del c.finish_count[t.tid]
         for t in again + finished:
-            t.generated, t.version, t.versions = 0.0, version, 1
+            t.rewind()
+            t.version, t.versions = version, 1
         group.version = version
         c.record.restarted += len(again) + len(finished)
         return again + finished

@@ -1,0 +1,142 @@
+"""The simulator's tool workload: a request parks on its tool call with its KV kept, waits for a free tool
+worker, resumes prefilling only the call's output, and moves or recovers while parked without losing a call."""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+
+import pytest
+
+from laminar.sim.config import SCHEDULES, Failure, SimConfig
+from laminar.sim.lengths import LengthConfig
+from laminar.sim.replica import Group, Replica, Traj
+from laminar.sim.run import simulate
+
+STEP_S, PREFILL_S = 0.01, 0.001  # a decode step at any batch, a prefilled token
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.events: list = []
+        self.seq = itertools.count()
+        self.now = 0.0
+        self.finished: dict[int, float] = {}
+
+    def at(self, t, fn, arg=None) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), fn, arg))
+
+    def run(self) -> None:
+        while self.events:
+            t, _, fn, arg = heapq.heappop(self.events)
+            self.now = t
+            fn(arg, t)
+
+    def replica(self, rid: int = 0, tool_workers: int = 4) -> Replica:
+        return Replica(
+            rid,
+            0,
+            decode_base=[STEP_S] * 65,
+            per_token_s=0.0,
+            prefill_s=lambda tokens: PREFILL_S * tokens,
+            kv_capacity=10_000,
+            max_seqs=64,
+            schedule_event=self.at,
+            on_finish=lambda traj, r: self.finished.__setitem__(traj.tid, self.now),
+            on_drained=lambda r: None,
+            tool_workers=tool_workers,
+        )
+
+
+def traj(tid: int, latency: float = 1.0) -> Traj:
+    """Prompt 4, a call after 10 sampled tokens returning 5, then 15 more sampled: 30 response tokens."""
+    t = Traj(tid, Group(tid, 0), 4, 30, 0, calls=(10,), latencies=(latency,), out_tokens=5)
+    t.group.trajs.append(t)
+    return t
+
+
+def test_a_call_parks_the_request_with_its_kv_and_resumes_with_only_its_output_prefilled():
+    clock = Clock()
+    r = clock.replica()
+    t = traj(0)
+    r.add([t], 0.0)
+    clock.at(0.5, lambda _, now: seen.update(kv=r.kv_used, running=len(r.running), parked=len(r.parked)))
+    seen: dict = {}
+    clock.run()
+    # prefill 4, 10 steps, the call (1 s), prefill of its 5 tokens, 15 steps
+    assert clock.finished[0] == pytest.approx(4 * PREFILL_S + 10 * STEP_S + 1.0 + 5 * PREFILL_S + 15 * STEP_S)
+    assert seen == {"kv": 14, "running": 0, "parked": 1}  # out of the batch, its prompt and 10 tokens kept
+    assert t.generated == t.target == 30 and t.reprefill == 0 and r.idle
+    assert r.busy.tool_wait == pytest.approx(1.0)
+
+
+def test_calls_queue_for_the_replicas_tool_workers():
+    ends = {}
+    for workers in (1, 2):
+        clock = Clock()
+        r = clock.replica(tool_workers=workers)
+        r.add([traj(0), traj(1)], 0.0)
+        clock.run()
+        ends[workers] = clock.finished[1] - clock.finished[0]
+    assert ends[2] == pytest.approx(0.0, abs=1e-9)  # both calls at once
+    assert ends[1] == pytest.approx(1.0)  # the second waits for the one worker
+
+
+def test_a_request_moved_while_parked_resumes_when_its_call_returns_with_its_context_prefilled():
+    clock = Clock()
+    source, dest = clock.replica(0), clock.replica(1)
+    t = traj(0)
+    source.add([t], 0.0)
+    moved = {}
+
+    def move(_, now):
+        assert t in source.parked
+        source.take(t)
+        dest.add([t], now)
+        moved.update(kv_source=source.kv_used, idle=source.idle)
+
+    clock.at(0.5, move)
+    clock.run()
+    assert moved == {"kv_source": 0, "idle": True}
+    # back at 0.104 + 1.0 on the destination, which prefills the 14 tokens it never held and the 5 returned
+    assert clock.finished[0] == pytest.approx(
+        4 * PREFILL_S + 10 * STEP_S + 1.0 + 19 * PREFILL_S + 15 * STEP_S
+    )
+    assert t.reprefill == 14 and t.generated == 30
+
+
+TOOLS = LengthConfig(
+    kind="lognormal", median=64, max_response=512, prompt_median=32, tool_calls_mean=2.0, tool_output_tokens=8
+)
+SMALL = SimConfig(
+    gpus=8, model="0.5B", groups_per_step=16, group_size=4, steps=8, warmup_steps=2, trainer_frac=0.25,
+    lengths=TOOLS, repack_interval_s=0.25,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_schedule_trains_each_tool_using_trajectory_once(schedule):
+    summary, cluster = simulate(SMALL.with_(schedule=schedule), audit=True)
+    assert cluster.versions_seen == list(range(1, SMALL.steps + 1))
+    assert all(n == 1 for n in cluster.finish_count.values())
+    assert all(n == 1 for n in cluster.consume_count.values())
+    assert len(cluster.consume_count) == SMALL.steps * SMALL.groups_per_step * SMALL.group_size
+    assert sum(r.busy.tool_wait for r in cluster.replicas) > 0  # replicas did wait on calls
+
+
+def test_tool_calls_slow_the_run_and_more_workers_give_it_back():
+    single = simulate(SMALL.with_(lengths=dataclasses.replace(TOOLS, tool_calls_mean=0.0)))[0]
+    few = simulate(SMALL.with_(tool_workers=1))[0]
+    many = simulate(SMALL.with_(tool_workers=64))[0]
+    assert few["training_throughput"] < many["training_throughput"] < single["training_throughput"]
+
+
+def test_laminar_recovers_parked_trajectories_of_a_lost_machine():
+    cfg = SMALL.with_(
+        schedule="laminar", gpus=24, trainer_frac=0.34, failures=(Failure(time_s=5.0, machine=0),)
+    )
+    summary, cluster = simulate(cfg, audit=True)
+    assert summary["failures"]["recovered_trajectories"] + summary["failures"]["restarted_trajectories"] > 0
+    assert all(n == 1 for n in cluster.consume_count.values())
+    assert len(cluster.consume_count) == cfg.steps * cfg.groups_per_step * cfg.group_size
