@@ -1,0 +1,136 @@
+"""The tool workload in the cluster simulator (`laminar/sim/`): first against what the GPU measured
+(results/schedules-tools-gpu), then the replicas' tool workers (`task.tool_workers`) swept. Writes study.json and
+study.md beside this file.
+
+    python results/sim-tools/study.py        (CPU, a few minutes with 2 processes)
+
+The simulated set-up is configs/gpu-schedules-tools.yaml: 1 trainer GPU and 2 or 3 rollout replicas, the
+Qwen2.5-0.5B shape, the runtime's length workload replayed group by group (median 256, p99 10x, capped at 2048;
+tool calls geometric with mean 2, latency lognormal with median 0.5 s and p99 5 s, 32 tokens of output each), 8
+groups of 8 a step, 6 steps of which 2 warm-up, 3 steps of groups in flight, staleness 2 for stream and partial.
+The cost model is the one calibrated on the schedule benchmark (`laminar.sim.validation.calibrated`); each run's
+dispatch and repack settings are those its measured run had.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from laminar.sim.experiment import run_many
+from laminar.sim.validation import calibrated, small_gpu_config
+
+HERE = Path(__file__).parent
+MEASURED = HERE.parent / "schedules-tools-gpu"
+SCHEDULES = ("sync", "one_step", "stream", "partial", "laminar")
+NOW = dict(
+    max_lag=0, repack_only_with_work=True, repack_newest_first=True, repack_max_age=3
+)  # runtime defaults
+BEFORE = dict(
+    max_lag=-1, repack_only_with_work=True, repack_newest_first=False, repack_max_age=-1
+)  # 2026-11-26
+
+
+def tools_config(cost, seed: int, replicas: int, policy: dict, **changes):
+    small = small_gpu_config(cost)
+    lengths = replace(
+        small.lengths,
+        median=256,
+        max_response=2048,
+        prompt_median=18,
+        workload_seed=seed,
+        tool_calls_mean=2.0,
+        tool_latency_median_s=0.5,
+        tool_latency_p99_ratio=10.0,
+        tool_output_tokens=32,
+    )
+    return small.with_(
+        seed=seed,
+        steps=6,
+        warmup_steps=2,
+        gpus=replicas + 1,
+        trainer_frac=1 / (replicas + 1),
+        repack_capped_batch_limit=0,
+        lengths=lengths,
+        **policy,
+        **changes,
+    )
+
+
+def measured() -> list[dict]:
+    """(replicas, seed, schedule, training tokens/s) of every GPU run of the tool workload."""
+    rows = []
+    for replicas, seed, path in (
+        (2, 0, MEASURED / "schedules.json"),
+        (3, 0, MEASURED / "three-replicas" / "schedules.json"),
+        (3, 1, MEASURED / "three-replicas" / "seed1-laminar" / "schedules.json"),
+        (3, 1, MEASURED / "three-replicas" / "seed1-sync" / "schedules.json"),
+    ):
+        for r in json.loads(path.read_text())["results"]:
+            rows.append(
+                {"replicas": replicas, "seed": seed, "schedule": r["label"], "gpu": r["train_tokens_per_s"]}
+            )
+    return rows
+
+
+def main() -> None:
+    cost, _ = calibrated()
+    rows = measured()
+    sims = run_many(
+        [
+            tools_config(cost, r["seed"], r["replicas"], BEFORE if r["replicas"] == 2 else NOW).with_(
+                schedule=r["schedule"]
+            )
+            for r in rows
+        ],
+        2,
+    )
+    for r, s in zip(rows, sims):
+        r["sim"] = s["training_throughput"]
+        r["staleness_p99"] = s["staleness"]["p99"]
+    lines = [
+        "## Against the GPU runs (4 tool workers a replica, as measured)",
+        "",
+        "| replicas | seed | schedule | GPU tok/s | simulated tok/s | simulated / GPU |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['replicas']} | {r['seed']} | {r['schedule']} | {r['gpu']:,.0f} | {r['sim']:,.0f} | "
+            f"{r['sim'] / r['gpu']:.2f} |"
+        )
+    sweep = {}
+    lines += [
+        "",
+        "## Tool workers a replica (3 replicas, the runtime's defaults, mean of seeds 0 and 1)",
+        "",
+        "| tool workers | "
+        + " | ".join(SCHEDULES)
+        + " | laminar / sync | laminar / best baseline | laminar staleness p99 |",
+        "|---|" + "---|" * (len(SCHEDULES) + 3),
+    ]
+    for workers in (4, 16, 64):
+        cfgs = [
+            tools_config(cost, seed, 3, NOW, tool_workers=workers).with_(schedule=s)
+            for seed in (0, 1)
+            for s in SCHEDULES
+        ]
+        out = run_many(cfgs, 2)
+        by = {s: [o for c, o in zip(cfgs, out) if c.schedule == s] for s in SCHEDULES}
+        mean = {s: statistics.mean(o["training_throughput"] for o in by[s]) for s in SCHEDULES}
+        p99 = max(o["staleness"]["p99"] for o in by["laminar"])
+        best = max(mean[s] for s in SCHEDULES if s != "laminar")
+        sweep[workers] = {"mean_tokens_per_s": mean, "laminar_staleness_p99_max": p99}
+        cells = " | ".join(f"{mean[s]:,.0f}" for s in SCHEDULES)
+        lines.append(
+            f"| {workers} | {cells} | {mean['laminar'] / mean['sync']:.2f}x | {mean['laminar'] / best:.2f}x | {p99} |"
+        )
+    (HERE / "study.json").write_text(json.dumps({"validation": rows, "tool_workers": sweep}, indent=1) + "\n")
+    (HERE / "study.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
