@@ -101,19 +101,31 @@ def main() -> None:
             f"| {r['replicas']} | {r['seed']} | {r['schedule']} | {r['gpu']:,.0f} | {r['sim']:,.0f} | "
             f"{r['sim'] / r['gpu']:.2f} |"
         )
-    sweep = {}
-    lines += [
+    sweep: dict[str, dict] = {}
+    for steps, warmup in ((6, 2), (40, 4)):
+        lines += sweep_workers(cost, steps, warmup, sweep)
+    (HERE / "study.json").write_text(json.dumps({"validation": rows, "tool_workers": sweep}, indent=1) + "\n")
+    (HERE / "study.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def sweep_workers(cost, steps: int, warmup: int, sweep: dict) -> list[str]:
+    """Every schedule at 4 to 64 tool workers a replica, over `steps` steps (the GPU runs had 6)."""
+    lines = [
         "",
-        "## Tool workers a replica (3 replicas, the runtime's defaults, mean of seeds 0 and 1)",
+        f"## Tool workers a replica: {steps} steps, {warmup} of them warm-up (3 replicas, the runtime's "
+        "defaults, mean of seeds 0 and 1)",
         "",
         "| tool workers | "
         + " | ".join(SCHEDULES)
         + " | laminar / sync | laminar / best baseline | laminar staleness p99 |",
         "|---|" + "---|" * (len(SCHEDULES) + 3),
     ]
-    for workers in (4, 16, 64):
+    for workers in (4, 16, 32, 64):
         cfgs = [
-            tools_config(cost, seed, 3, NOW, tool_workers=workers).with_(schedule=s)
+            tools_config(cost, seed, 3, NOW, tool_workers=workers).with_(
+                schedule=s, steps=steps, warmup_steps=warmup
+            )
             for seed in (0, 1)
             for s in SCHEDULES
         ]
@@ -122,14 +134,15 @@ def main() -> None:
         mean = {s: statistics.mean(o["training_throughput"] for o in by[s]) for s in SCHEDULES}
         p99 = max(o["staleness"]["p99"] for o in by["laminar"])
         best = max(mean[s] for s in SCHEDULES if s != "laminar")
-        sweep[workers] = {"mean_tokens_per_s": mean, "laminar_staleness_p99_max": p99}
+        sweep[f"{steps} steps, {workers} workers"] = {
+            "mean_tokens_per_s": mean,
+            "laminar_staleness_p99_max": p99,
+        }
         cells = " | ".join(f"{mean[s]:,.0f}" for s in SCHEDULES)
         lines.append(
             f"| {workers} | {cells} | {mean['laminar'] / mean['sync']:.2f}x | {mean['laminar'] / best:.2f}x | {p99} |"
         )
-    (HERE / "study.json").write_text(json.dumps({"validation": rows, "tool_workers": sweep}, indent=1) + "\n")
-    (HERE / "study.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":
