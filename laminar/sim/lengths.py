@@ -44,6 +44,7 @@ class LengthConfig:
     tool_latency_median_s: float = 0.5
     tool_latency_p99_ratio: float = 10.0
     tool_output_tokens: int = 32
+    tool_max_calls: int = 4  # `task.max_turns`, which caps the calls a response makes
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -72,6 +73,7 @@ class LengthConfig:
             tool_latency_median_s=self.tool_latency_median_s,
             tool_latency_p99_ratio=self.tool_latency_p99_ratio,
             tool_output_tokens=self.tool_output_tokens,
+            max_calls=self.tool_max_calls,
         )
 
 
