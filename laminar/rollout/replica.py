@@ -237,6 +237,12 @@ class RolloutReplica:
                 if not is_eval(st.group.group_id)
             ],
             "tool_reruns": self.tools.reruns if self.tools is not None else 0,
+            # calls made here and their total wait for a free tool worker (`task.tool_workers`)
+            **(
+                {"tool_calls": self.tools.calls, "tool_queued_s": round(self.tools.queued_s, 4)}
+                if self.tools is not None
+                else {}
+            ),
             "error": self.error,
             "error_line": self.error_line,
             "error_kind": self.error_kind,

@@ -104,5 +104,12 @@ def summarize(
             "trajectory_share_start": round(float(np.mean(frac[:window])), 4),
             "trajectory_share_end": round(float(np.mean(frac[-window:])), 4),
         }
+        made: dict[int, tuple[int, float]] = {}  # each replica's calls and their wait for a tool worker
+        for r in gens:
+            if "tool_calls" in r and r["tool_calls"] >= made.get(r["replica"], (0, 0.0))[0]:
+                made[r["replica"]] = (r["tool_calls"], r["tool_queued_s"])
+        n = sum(c for c, _ in made.values())
+        if n:  # calls that waited for one of a replica's `task.tool_workers`: the pool bounded the run
+            summary["tool_calls"]["queued_s_per_call"] = round(sum(q for _, q in made.values()) / n, 4)
     summary.update(extra or {})
     return summary

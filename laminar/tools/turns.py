@@ -68,6 +68,7 @@ class Turn(TurnState):
 
     pending: cf.Future | None = None
     parked_at: float = 0.0
+    started_at: float = 0.0  # when the call in flight got a tool worker (0: not yet)
 
     def state(self) -> TurnState:
         """What travels: the state, with the call's result if it is back (not yet given to the request)."""
@@ -98,6 +99,7 @@ class ToolTurns:
     calls: int = 0
     errors: int = 0
     reruns: int = 0  # calls run again here because their result was lost with another replica
+    queued_s: float = 0.0  # time calls waited for a free tool worker, all calls told
     _changed: set[str] = field(default_factory=set)
     # parked by `after_step(start=False)`, their calls not started yet
     _unstarted: list[str] = field(default_factory=list)
@@ -151,11 +153,13 @@ class ToolTurns:
 
     def _run(self, rid: str, turn: Turn) -> None:
         """Start the call the request is parked on."""
+        turn.parked_at, turn.started_at = time.monotonic(), 0.0
         if turn.scripted_ids is not None:
-            turn.pending = self.pool.submit(_scripted_call, turn.latency_s)
+            turn.pending = self.pool.submit(_on_worker, turn, _scripted_call, turn.latency_s)
         else:
-            turn.pending = self.pool.submit(run_tool_call, turn.call, self.tools, self.limits)
-        turn.parked_at = time.monotonic()
+            turn.pending = self.pool.submit(
+                _on_worker, turn, run_tool_call, turn.call, self.tools, self.limits
+            )
         self.calls += 1
         self._changed.add(rid)
 
@@ -172,6 +176,8 @@ class ToolTurns:
             turn = self.turns[rid]
             turn.pending = None
             turn.waited_s += time.monotonic() - turn.parked_at
+            if turn.started_at:
+                self.queued_s += max(0.0, turn.started_at - turn.parked_at)
             result: ToolResult = fut.result()
             self.errors += not result.ok
             if turn.scripted_ids is not None:
@@ -256,6 +262,12 @@ class ToolTurns:
         if not any(c in self.decode(new) for c in CALL_ENDS):  # cheap: most tokens close nothing
             return None
         return parse_tool_call(self.decode(turn_ids))
+
+
+def _on_worker(turn: Turn, fn: Callable[..., ToolResult], *args: Any) -> ToolResult:
+    """Runs on a tool worker: notes when the call got one (the time before is its wait in the queue)."""
+    turn.started_at = time.monotonic()
+    return fn(*args)
 
 
 def _scripted_call(latency_s: float) -> ToolResult:

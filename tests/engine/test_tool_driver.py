@@ -138,3 +138,20 @@ def test_a_scripted_call_workload_parks_where_the_script_says(model):
     assert got.output_mask == [1] * 3 + [0] * 4 + [1] * 4 + [0] * 4 + [1] * 5
     assert [t for t, m in zip(got.output_token_ids, got.output_mask) if not m] == [9] * 8
     assert turns.calls == 2 and turns.waited_s() >= 0.06
+
+
+def test_calls_that_wait_for_a_tool_worker_count_their_wait(model):
+    """Two requests call at the same token with one worker: the second call waits for the first, and the wait is
+    counted (`queued_s`, the replica's `tool_queued_s`: a pool too small for the batch shows there)."""
+    script = {"calls_at": [3], "latency_s": [0.3], "output_tokens": 2}
+    waits = {}
+    for workers in (1, 2):
+        turns = ToolTurns(
+            tools={}, decode=str, render=lambda text: [], script_of=lambda rid: script, workers=workers
+        )
+        engine = engine_for(model)
+        for rid in ("a", "b"):
+            engine.add_request(rid, PROMPT, replace(PARAMS, max_new_tokens=8))
+        assert set(play(engine, turns)) == {"a", "b"}
+        waits[workers] = turns.queued_s
+    assert waits[1] >= 0.25 and waits[2] < 0.1

@@ -132,3 +132,16 @@ def test_every_start_up_phase_is_shown_with_its_time_and_a_short_filtered_step_i
         "step 3: only 1 of 4 groups had unequal rewards after taking 16 (trainer.filter_take_limit)" in line
     )
     assert line.endswith("training on those")
+
+
+def test_the_summary_gives_a_tool_calls_wait_for_a_worker():
+    step = {"kind": "step", "t": 1.0, "tokens": 10, "reward_mean": 0.0, "staleness": [0]}
+    steps = [{**step, "t": float(t), "tool_calls_mean": 1.0, "tool_call_frac": 1.0} for t in (1, 2)]
+    replica = {"kind": "replica", "tokens_generated": 5, "running": 0, "waiting": 0}
+    records = steps + [
+        {**replica, "t": 1.0, "replica": 0, "tool_calls": 2, "tool_queued_s": 0.5},
+        {**replica, "t": 2.0, "replica": 0, "tool_calls": 6, "tool_queued_s": 1.5},  # the last counts
+        {**replica, "t": 2.0, "replica": 1, "tool_calls": 4, "tool_queued_s": 0.5},
+    ]
+    summary = summarize(records, schedule="laminar", wall_s=3.0, warmup_steps=0, trajectories={})
+    assert summary["tool_calls"]["queued_s_per_call"] == pytest.approx(2.0 / 10)
