@@ -140,3 +140,43 @@ def test_laminar_recovers_parked_trajectories_of_a_lost_machine():
     assert summary["failures"]["recovered_trajectories"] + summary["failures"]["restarted_trajectories"] > 0
     assert all(n == 1 for n in cluster.consume_count.values())
     assert len(cluster.consume_count) == cfg.steps * cfg.groups_per_step * cfg.group_size
+
+
+def test_the_bench_replay_draws_the_runtimes_own_rows_call_for_call(tiny_model_dir):
+    """`lengths.kind: bench` with tools stands for `task.name=lengths` with tools: the same rows, the same
+    tool scripts (calls capped at `task.max_turns`), so a simulated group is the measured run's group."""
+    from laminar.config import load_config
+    from laminar.data.dataset import train_rows
+
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            "task.name=lengths",
+            "task.length_median=64",
+            "task.tool_calls_mean=2",
+            "task.tool_output_tokens=8",
+            "task.num_prompts=256",
+            "task.seed=3",
+            "task.max_turns=3",
+            "rollout.max_new_tokens=512",
+        ],
+    )
+    t = cfg.task
+    lengths = LengthConfig(
+        kind="bench",
+        median=t.length_median,
+        max_response=cfg.rollout.max_new_tokens,
+        num_prompts=t.num_prompts,
+        workload_seed=t.seed,
+        tool_calls_mean=t.tool_calls_mean,
+        tool_output_tokens=t.tool_output_tokens,
+        tool_max_calls=t.max_turns,
+    )
+    runtime = train_rows(cfg)
+    simulated = lengths.workload().rows(t.num_prompts)
+    assert [r["tool_script"] for r in runtime if "tool_script" in r] == [
+        r["tool_script"] for r in simulated if "tool_script" in r
+    ]
+    assert [r["sampling"] for r in runtime] == [r["sampling"] for r in simulated]
+    assert max(len(r["tool_script"]["calls_at"]) for r in runtime if "tool_script" in r) == 3
