@@ -158,10 +158,11 @@ def table(results: list[dict[str, Any]]) -> str:
     ]
     for r in results:
         s, st, u = r["staleness"], r["actor_stall_s"], r["utilisation"]
-        tools = f"{u['tool_wait_share']:.2f} ({u['parked_share']:.2f}" if "tool_wait_share" in u else "-"
+        tools = "-"
         if "tool_wait_share" in u:
             queued = r.get("tool_calls", {}).get("queued_s_per_call")
-            tools += f"; {queued:.2f})" if queued is not None else ")"
+            tail = f"; {queued:.2f}" if queued is not None else ""
+            tools = f"{u['tool_wait_share']:.2f} ({u['parked_share']:.2f}{tail})"
         kv = f"{u['kv_used']:.2f}" if "kv_used" in u else "-"
         lines.append(
             f"| {r['label']} | {ratio(r, 'train_tokens_per_s')} | {ratio(r, 'gen_tokens_per_s')} "

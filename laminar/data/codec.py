@@ -9,6 +9,7 @@ stops on all of them, and the decode a reward sees stops at the first.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Iterable
@@ -94,9 +95,6 @@ class TaskCodec:
         self.system_prompt = system_prompt
         eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
         self.end_ids = tuple(dict.fromkeys([*eos, *end_ids]))
-        self._tool_frame: tuple[str, str] | None = (
-            None  # a rendered tool turn's text before and after the output
-        )
 
     @classmethod
     def from_dir(
@@ -204,13 +202,8 @@ class TaskCodec:
 
     def _tool_text(self, ids: list[int]) -> str:
         """The tool's output inside a rendered tool turn (`render_tool_output`), in the plain form."""
-        n = self.vocab_size
-        raw = self.tokenizer.decode([i for i in ids if 0 <= i < n], skip_special_tokens=False)
-        if self._tool_frame is None:
-            marker = "TOOLTEXT"
-            framed = self.tokenizer.decode(self.render_tool_output(marker), skip_special_tokens=False)
-            head, sep, tail = framed.partition(marker)
-            self._tool_frame = (head, tail) if sep else ("", "")
+        kept = [i for i in ids if 0 <= i < self.vocab_size]  # a random or larger model emits any id
+        raw = self.tokenizer.decode(kept, skip_special_tokens=False)
         head, tail = self._tool_frame
         if (
             (head or tail)
@@ -220,8 +213,17 @@ class TaskCodec:
         ):
             text = raw[len(head) : len(raw) - len(tail)]
         else:
-            text = self.tokenizer.decode([i for i in ids if 0 <= i < n], skip_special_tokens=True)
+            text = self.tokenizer.decode(kept, skip_special_tokens=True)
         return f"\n<tool_output>\n{text.strip()}\n</tool_output>\n"
+
+    @functools.cached_property
+    def _tool_frame(self) -> tuple[str, str]:
+        """A rendered tool turn's text before and after the output (empty when a marker does not survive)."""
+        marker = "TOOLTEXT"
+        head, sep, tail = self.tokenizer.decode(
+            self.render_tool_output(marker), skip_special_tokens=False
+        ).partition(marker)
+        return (head, tail) if sep else ("", "")
 
     def decode(self, ids: list[int]) -> str:
         """Text up to (not including) the first end token; special tokens dropped."""

@@ -412,16 +412,15 @@ class Trainer:
         rank has called it, which makes it the publish's barrier too. Waits for the device once. A set summary
         is followed by the per-parameter flags on every rank, to name what is wrong."""
         flags = self._agree(flags)
-        if not summary:
-            bad_at = flags.nonzero().flatten().tolist()
-        elif not bool(flags.any()):
-            return
-        else:
-            bad_at = self._agree(self.nonfinite_flags()).nonzero().flatten().tolist()
-        if not bad_at and not summary:
-            return
-        if not bad_at:  # finite in fp32, not once cast
-            raise NonFiniteError(
+        if summary:
+            if not bool(flags.any()):
+                return
+            flags = self._agree(self.nonfinite_flags())  # which parameters
+        bad_at = flags.nonzero().flatten().tolist()
+        if not bad_at:
+            if not summary:
+                return
+            raise NonFiniteError(  # finite in fp32, not once cast
                 f"the trainer's weights at version {self.version} overflow {self.cfg.publish_dtype} "
                 "(trainer.publish_dtype): values beyond its range become inf; they are not published"
             )
