@@ -1,6 +1,6 @@
 """The tool workload in the cluster simulator (`laminar/sim/`): first against what the GPU measured
-(results/schedules-tools-gpu), then the replicas' tool workers (`task.tool_workers`) swept. Writes study.json and
-study.md beside this file.
+(results/schedules-tools-gpu), then the replicas' tool workers (`task.tool_workers`) swept, then how full the GPU
+runs kept their tool pools (from their own step records). Writes study.json and study.md beside this file.
 
     python results/sim-tools/study.py        (CPU, a few minutes with 2 processes)
 
@@ -17,6 +17,7 @@ its end); the sweeps use the simulator's own window (from the end of warm-up), t
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -78,6 +79,42 @@ def measured() -> list[dict]:
     return rows
 
 
+def pool_use() -> tuple[list[dict], list[str]]:
+    """From the GPU runs' own step records: tool calls made in the measured steps (after the 2 warm-up steps),
+    over the measured window, per replica, against what 4 workers serve (a lognormal latency's mean is its
+    median times exp(sigma^2 / 2))."""
+    sigma = math.log(10.0) / 2.3263
+    capacity = 4 / (0.5 * math.exp(sigma * sigma / 2))
+    runs = MEASURED / "three-replicas"
+    rows, lines = (
+        [],
+        [
+            "",
+            f"## The GPU runs' tool pools: 4 workers a replica serve {capacity:.1f} calls a second",
+            "",
+            "| three replicas | tool calls / s / replica | share of 4 workers' capacity | calls a trajectory |",
+            "|---|---|---|---|",
+        ],
+    )
+    for name, folder in (
+        ("laminar, seed 0", runs / "laminar"),
+        ("sync, seed 0", runs / "sync"),
+        ("laminar, seed 1", runs / "seed1-laminar"),
+        ("sync, seed 1", runs / "seed1-sync"),
+    ):
+        records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in records if r["kind"] == "step"]
+        span = steps[-1]["t"] - steps[1]["t"]
+        calls = sum(r["tool_calls_mean"] * r["trajectories"] for r in steps[2:])
+        trajectories = sum(r["trajectories"] for r in steps[2:])
+        rate = calls / span / 3
+        rows.append(
+            {"run": name, "calls_per_s_per_replica": rate, "calls_per_trajectory": calls / trajectories}
+        )
+        lines.append(f"| {name} | {rate:.2f} | {rate / capacity:.0%} | {calls / trajectories:.2f} |")
+    return rows, lines
+
+
 def main() -> None:
     cost, _ = calibrated()
     rows = measured()
@@ -104,8 +141,14 @@ def main() -> None:
         lines += sweep_workers(cost, steps, warmup, sweep)
     knobs, part = staleness_knobs(cost)
     lines += part
+    pools, part = pool_use()
+    lines += part
     (HERE / "study.json").write_text(
-        json.dumps({"validation": rows, "tool_workers": sweep, "staleness_knobs": knobs}, indent=1) + "\n"
+        json.dumps(
+            {"validation": rows, "tool_workers": sweep, "staleness_knobs": knobs, "gpu_pool_use": pools},
+            indent=1,
+        )
+        + "\n"
     )
     (HERE / "study.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
