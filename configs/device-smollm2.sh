@@ -7,7 +7,7 @@
 export PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p /tmp/carry
-bash .whl/setup.sh > /tmp/setup.log 2>&1 || return 1  # only what the image lacks
+bash configs/device-setup.sh > /tmp/setup.log 2>&1 || return 1  # only what the image lacks
 export PYTHONPATH=/tmp/site:$PWD
 smollm2_gguf=SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f /tmp/smol/model.safetensors ]; then

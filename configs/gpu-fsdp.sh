@@ -11,7 +11,7 @@ out=${OUT:-runs/device-out}
 config=${CONFIG:-configs/gpu-fsdp.yaml}
 run=${RUN:-runs/fsdp-run}
 mkdir -p "$out"
-bash .whl/setup.sh > /tmp/setup.log 2>&1 || exit 1  # only what the image lacks
+bash configs/device-setup.sh > /tmp/setup.log 2>&1 || exit 1  # only what the image lacks
 export PYTHONPATH=/tmp/site:$PWD
 model=runs/models/qwen1.5b-random
 [ -f $model/model.safetensors ] || python3 -m laminar.engine.random_model --shape qwen2.5-1.5b --out $model

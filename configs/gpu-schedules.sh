@@ -12,7 +12,7 @@ out=${OUT:-runs/device-out}; only=$1; shift
 config=${CONFIG:-configs/gpu-schedules.yaml}
 bench=${BENCH:-runs/bench}
 mkdir -p "$out"
-bash .whl/setup.sh > /tmp/setup.log 2>&1 || exit 1  # only what the image lacks
+bash configs/device-setup.sh > /tmp/setup.log 2>&1 || exit 1  # only what the image lacks
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv
 python3 -c 'import ray, yaml, matplotlib; print("ray", ray.__version__)' || exit 1

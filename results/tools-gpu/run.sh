@@ -7,7 +7,7 @@
 set -uo pipefail
 root=${OUT:-runs/device-out}
 mkdir -p "$root"
-bash .whl/setup.sh > /tmp/setup.log 2>&1 || exit 1
+bash configs/device-setup.sh > /tmp/setup.log 2>&1 || exit 1
 export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 rm -f /tmp/rows-done
 (
