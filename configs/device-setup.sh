@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# What a lent GPU machine's image lacks (Ray and its few missing dependencies), installed from the wheels carried
-# in `.whl` into /tmp/site; every device script runs this first and then puts /tmp/site on PYTHONPATH.
-# `.whl` is made on a machine with PyPI access: Ray 2.60 and jsonschema, referencing, rpds-py as Python 3.12
-# x86_64 wheels (`pip download --only-binary=:all: --python-version 3.12 ...`), with the Ray wheel's Java jars
-# and JS source maps dropped to fit the 64 MiB a call may carry. Add a gguf wheel for the SmolLM2 import.
+# What a lent GPU machine's image lacks, installed from the wheels carried in `.whl` into /tmp/site; every device
+# script runs this first and then puts /tmp/site on PYTHONPATH. `.whl` is made on a machine with PyPI access,
+# as Python 3.12 x86_64 wheels (`pip download --no-deps --only-binary=:all: --python-version 3.12
+# --platform manylinux2014_x86_64 -d .whl ...`): ray==2.60.0 (its Java jars and JS source maps dropped to fit the
+# 64 MiB a call may carry) with jsonschema, jsonschema-specifications, referencing, rpds-py; crc32c (the relay's
+# wire checksums), tensorboardX, and gguf (the SmolLM2 import). The image has torch, transformers, numpy, yaml,
+# matplotlib.
 set -euo pipefail
 [ -f /tmp/site/.laminar-setup-done ] && exit 0
 ls .whl/*.whl > /dev/null
