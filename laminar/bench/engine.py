@@ -54,7 +54,11 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bench_engine(engine: Engine, batch: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -> dict:
+def bench_engine(
+    engine: Engine, batch: int, prompt_len: int, new_tokens: int, vocab: int, seed: int, profile: bool = False
+) -> dict:
+    """Decode `new_tokens` for `batch` requests; with `profile`, also look inside the step halfway through (at the
+    mean context): its CUDA graph replayed alone, and its kernels by name."""
     g = torch.Generator().manual_seed(seed)
     params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
     for i in range(batch):
@@ -62,8 +66,11 @@ def bench_engine(engine: Engine, batch: int, prompt_len: int, new_tokens: int, v
         engine.add_request(f"{seed}-{i}", prompt, SamplingParams(**{**params.__dict__, "seed": i}))
     prefill_s = decode_s = 0.0
     decode_steps = decode_tokens = 0
+    looked = None
     start = time.perf_counter()
     while engine.has_unfinished():
+        if profile and looked is None and decode_steps == new_tokens // 2:
+            looked = look_inside_step(engine, batch)
         t = time.perf_counter()
         out = engine.step()
         dt = time.perf_counter() - t
@@ -75,6 +82,7 @@ def bench_engine(engine: Engine, batch: int, prompt_len: int, new_tokens: int, v
             decode_tokens += len(out.new_tokens)
     total = time.perf_counter() - start
     return {
+        **({"inside_step": looked} if looked else {}),
         "batch": batch,
         "decode_tokens_per_s": decode_tokens / decode_s,
         "e2e_tokens_per_s": batch * new_tokens / total,
@@ -82,6 +90,41 @@ def bench_engine(engine: Engine, batch: int, prompt_len: int, new_tokens: int, v
         "prefill_s": prefill_s,
         "total_s": total,
     }
+
+
+def look_inside_step(engine: Engine, batch: int, steps: int = 5) -> dict:
+    """Where a decode step's time goes: the step as `Engine.step` runs it, its CUDA graph replayed alone (the
+    device's share; the rest is the host's), and the device time of each kernel name per step (torch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = engine.runner
+    graph_bs = runner._graph_size(batch) if runner.device.type == "cuda" else 0
+    out: dict = {"graph_batch": graph_bs}
+    if graph_bs:
+        engine._drain()  # no step in flight while its graph is replayed alone
+        graph = runner.graphs[graph_bs][0]
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(20):
+            graph.replay()  # same inputs each time: rewrites one KV slot, reads the same context
+        torch.cuda.synchronize()
+        out["graph_replay_ms"] = 1e3 * (time.perf_counter() - t) / 20
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        sync(runner.device.type)
+        out["profiled_step_ms"] = 1e3 * (time.perf_counter() - t) / steps
+    kernels = {}
+    for evt in prof.key_averages():
+        dev_us = getattr(evt, "self_device_time_total", 0) or getattr(evt, "self_cuda_time_total", 0)
+        if dev_us > 0 and evt.device_type.name == "CUDA":
+            kernels[evt.key] = {"us_per_step": dev_us / steps, "calls_per_step": evt.count / steps}
+    top = sorted(kernels.items(), key=lambda kv: -kv[1]["us_per_step"])
+    out["device_us_per_step"] = sum(k["us_per_step"] for k in kernels.values())
+    out["kernels"] = [{"name": k[:120], **v} for k, v in top[:40]]
+    return out
 
 
 def bench_hf(model, batch: int, prompt_len: int, new_tokens: int, vocab: int, device: str) -> dict:
@@ -104,6 +147,16 @@ def bench_hf(model, batch: int, prompt_len: int, new_tokens: int, vocab: int, de
         total = time.perf_counter() - t
     assert out.shape[1] == prompt_len + new_tokens
     return {"batch": batch, "e2e_tokens_per_s": batch * new_tokens / total, "total_s": total}
+
+
+def print_inside(name: str, batch: int, step_ms: float, inside: dict) -> None:
+    print(
+        f"[{name}] inside a decode step at batch {batch}: step {step_ms:.3f} ms, graph replayed alone "
+        f"{inside.get('graph_replay_ms', float('nan')):.3f} ms, kernels {inside['device_us_per_step']:.0f} us",
+        flush=True,
+    )
+    for k in inside["kernels"][:25]:
+        print(f"    {k['us_per_step']:8.1f} us  x{k['calls_per_step']:5.1f}  {k['name']}", flush=True)
 
 
 def knee(rows: list[dict], key: str = "decode_tokens_per_s") -> int:
@@ -131,6 +184,7 @@ def run_model(name: str, args, device: str, dtype: torch.dtype, bandwidth: float
         num_kv_blocks=max(args.batch_sizes) * blocks_per_seq + 8,
         block_size=block_size,
         max_model_len=max_len + 16,
+        pipeline=False if args.step_by_step else None,
     )
     setup_s = time.perf_counter() - t
     print(
@@ -149,7 +203,9 @@ def run_model(name: str, args, device: str, dtype: torch.dtype, bandwidth: float
     )  # warm up
     rows = []
     for b in args.batch_sizes:
-        r = bench_engine(engine, b, args.prompt_len, args.new_tokens, cfg.vocab_size, seed=b)
+        r = bench_engine(
+            engine, b, args.prompt_len, args.new_tokens, cfg.vocab_size, seed=b, profile=b in args.profile
+        )
         mean_ctx = args.prompt_len + args.new_tokens / 2
         roof_bytes = weight_bytes + b * mean_ctx * kv_per_token
         r["roofline_bytes_per_step"] = roof_bytes
@@ -157,6 +213,8 @@ def run_model(name: str, args, device: str, dtype: torch.dtype, bandwidth: float
         r["step_over_roofline"] = r["decode_step_ms"] / r["roofline_step_ms"]
         r["preemptions"] = engine.stats().num_preemptions
         rows.append(r)
+        if "inside_step" in r:
+            print_inside(name, b, r["decode_step_ms"], r["inside_step"])
         print(
             f"[{name}] engine batch {b:4d}: decode {r['decode_tokens_per_s']:9.0f} tok/s  e2e "
             f"{r['e2e_tokens_per_s']:9.0f} tok/s  step {r['decode_step_ms']:7.2f} ms  roofline "
@@ -217,6 +275,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=None, help="default: 1024 on cuda, 128 on cpu")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None)
+    p.add_argument(
+        "--profile",
+        type=int,
+        nargs="*",
+        default=[],
+        help="batch sizes whose decode step is also looked inside (graph replay alone, kernels by name)",
+    )
+    p.add_argument(
+        "--step-by-step",
+        action="store_true",
+        help="each decode step waits for the last one's tokens (the engine's pipelining off)",
+    )
     args = p.parse_args(argv)
     cuda = args.device == "cuda"
     args.model = args.model or (["qwen2.5-0.5b"] if cuda else ["tiny"])
@@ -242,6 +312,7 @@ def main(argv: list[str]) -> int:
         "new_tokens": args.new_tokens,
         "bandwidth_bytes_per_s": bandwidth,
         "command": "laminar bench engine " + " ".join(argv),
+        "pipelined": not args.step_by_step,
         "runs": [],
     }
     out = Path(args.out)

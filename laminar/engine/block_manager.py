@@ -25,9 +25,10 @@ class BlockManager:
     def can_allocate(self, seq: Sequence) -> bool:
         return self.blocks_for(len(seq)) - len(seq.block_table) <= len(self.free)
 
-    def allocate(self, seq: Sequence) -> None:
-        """Blocks for every token of `seq` (prefill), or for one more token (decode)."""
-        need = self.blocks_for(len(seq)) - len(seq.block_table)
+    def allocate(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Blocks for every token of `seq` (prefill), or for one more token (decode); `num_tokens`: for that
+        many (a decode step queued before the token it reads is appended)."""
+        need = self.blocks_for(len(seq) if num_tokens is None else num_tokens) - len(seq.block_table)
         if need > len(self.free):
             raise RuntimeError(f"{seq.request_id}: needs {need} KV blocks, {len(self.free)} free")
         for _ in range(need):

@@ -16,7 +16,7 @@ import torch
 
 from laminar.engine.block_manager import BlockManager
 from laminar.engine.config import ModelConfig, SamplingParams
-from laminar.engine.model_runner import ModelRunner
+from laminar.engine.model_runner import Launched, ModelRunner
 from laminar.engine.sampler import SamplingBatch, request_key
 from laminar.engine.scheduler import Scheduler
 from laminar.engine.sequence import (
@@ -49,9 +49,13 @@ class Engine:
         gpu_memory_utilization: float = 0.9,
         use_cuda_graphs: bool = True,
         share_prompts: bool = True,
+        pipeline: bool | None = None,
     ):
         """`weights=None` keeps the random initialisation (benchmarks); otherwise a Hugging Face state dict.
-        `share_prompts=False` makes every sample prefill its own prompt (the measure of what sharing saves)."""
+        `share_prompts=False` makes every sample prefill its own prompt (the measure of what sharing saves).
+        `pipeline`: queue each decode step before the last one's tokens reach the host (`step`); by default on
+        where decode runs as CUDA graphs (the host's work per step then hides behind the device's), off on
+        CPU, where nothing runs asynchronously to hide it behind."""
         self.config = cfg = model_config
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -82,9 +86,12 @@ class Engine:
         self.share_prompts = share_prompts
         self.prefill_tokens = 0
         self._keys: dict[str, int] = {}
+        self._inflight: Launched | None = None  # a decode step queued, not yet collected
+        self._ready: StepOutput | None = None  # a step collected early, not yet returned by `step`
         if weights is not None:
             self.load_state_dict(weights, version)
         self.runner.capture_graphs()
+        self.pipeline = bool(self.runner.graphs) if pipeline is None else pipeline
 
     @classmethod
     def from_pretrained(cls, path: str | Path, eos_token_ids: Iterable[int] = (), **kw) -> Engine:
@@ -263,7 +270,9 @@ class Engine:
         return self._seqs[request_id].mask()
 
     def has_unfinished(self) -> bool:
-        return bool(self._seqs)
+        if not self._seqs:
+            self._drain()  # every row of a step in flight is dropped: let it end
+        return bool(self._seqs) or self._ready is not None
 
     def progress(self, request_id: str) -> tuple[list[int], list[float]]:
         """Output tokens and their log-probs so far (what the partial response pool keeps)."""
@@ -272,21 +281,78 @@ class Engine:
 
     # ---- the loop -----------------------------------------------------------------------------------------
     def step(self) -> StepOutput:
-        seqs, is_prefill = self.scheduler.schedule()
+        """Run one step and return what it produced. With `pipeline`, a decode step queues the next one before
+        it waits for its own tokens, so the host's bookkeeping overlaps the device's work (see `_launch_next`)."""
+        if self._ready is not None:  # a step that a weight load waited for, handed out now
+            out, self._ready = self._ready, None
+            return out
+        if self._inflight is None:
+            seqs, is_prefill = self.scheduler.schedule()
+            if not seqs:
+                return StepOutput()
+            lens = [len(s) for s in seqs]
+            sb = self._sampling(seqs, lens)
+            if is_prefill:
+                for s in seqs:
+                    if s.num_cached == 0:
+                        s.num_prefilled += s.num_output  # outputs recomputed after preemption or import
+                num_tokens = sum(n - s.num_cached for s, n in zip(seqs, lens))
+                self.prefill_tokens += num_tokens
+                tokens, logprobs = self.runner.prefill(seqs, sb)
+                return self._record(
+                    seqs, lens, tokens, logprobs, StepOutput(is_prefill=True, num_tokens=num_tokens)
+                )
+            self._inflight = self.runner.launch_decode(seqs, lens, sb)
+        step, self._inflight = self._inflight, None
+        if self.pipeline:
+            self._inflight = self._launch_next(step)
+        return self._collect(step)
+
+    def _sampling(self, seqs: list[Sequence], lens: list[int]) -> SamplingBatch:
+        return SamplingBatch.of([s.params for s in seqs], [self._keys[s.request_id] for s in seqs], lens)
+
+    def _launch_next(self, step: Launched) -> Launched | None:
+        """Queue the decode step that follows `step`, before `step`'s tokens are known: its rows are `step`'s,
+        less those that reach their length limit with it, and each takes as input the token `step` samples for
+        it (on the device). A row whose request stops, parks, leaves or is aborted meanwhile is dropped when
+        this step is collected (its key and value written past what the request counts as cached, or into
+        blocks already freed; the device runs every later step after it). Only when the scheduler would decode
+        the same requests: nothing waits to be admitted, no top-k/top-p row, and every block fits without
+        preempting anyone. Otherwise None, and the next `step` schedules as usual."""
+        if self.scheduler.waiting:
+            return None
+        seqs, lens = [], []
+        for s, n in zip(step.seqs, step.ctx_lens):
+            live = self._seqs.get(s.request_id) is s and not s.parked and len(s) == n
+            if live and s.num_output + 1 < s.params.max_new_tokens and n + 1 < self.max_model_len:
+                seqs.append(s)
+                lens.append(n + 1)
         if not seqs:
-            return StepOutput()
-        num_tokens = sum(len(s) - s.num_cached for s in seqs) if is_prefill else len(seqs)
-        if is_prefill:
-            self.prefill_tokens += num_tokens
-        if is_prefill:
-            for s in seqs:
-                if s.num_cached == 0:
-                    s.num_prefilled += s.num_output  # outputs recomputed after preemption or import
-        sb = SamplingBatch.of(
-            [s.params for s in seqs], [self._keys[s.request_id] for s in seqs], [len(s) for s in seqs]
-        )
-        tokens, logprobs = self.runner.prefill(seqs, sb) if is_prefill else self.runner.decode(seqs, sb)
-        out = StepOutput(is_prefill=is_prefill, num_tokens=num_tokens)
+            return None
+        sb = self._sampling(seqs, lens)
+        need = sum(max(0, self.blocks.blocks_for(n) - len(s.block_table)) for s, n in zip(seqs, lens))
+        if sb.filtered or need > len(self.blocks.free):
+            return None
+        for s, n in zip(seqs, lens):
+            self.blocks.allocate(s, n)
+        return self.runner.launch_decode(seqs, lens, sb, after=step)
+
+    def _collect(self, step: Launched) -> StepOutput:
+        """Wait for a decode step and record its tokens for the rows still live (see `_launch_next`)."""
+        tokens, logprobs = self.runner.collect(step)
+        rows = [
+            i
+            for i, (s, n) in enumerate(zip(step.seqs, step.ctx_lens))
+            if self._seqs.get(s.request_id) is s and not s.parked and len(s) == n
+        ]
+        seqs = [step.seqs[i] for i in rows]
+        for i, s in zip(rows, seqs):
+            s.num_cached = step.ctx_lens[i]
+        out = StepOutput(is_prefill=False, num_tokens=len(rows))
+        return self._record(seqs, None, [tokens[i] for i in rows], [logprobs[i] for i in rows], out)
+
+    def _record(self, seqs, lens, tokens: list[int], logprobs: list[float], out: StepOutput) -> StepOutput:
+        """Append each sequence's sampled token; finish or park those it ends."""
         for seq, tok, lp in zip(seqs, tokens, logprobs):
             seq.token_ids.append(tok)
             seq.logprobs.append(lp)
@@ -300,6 +366,15 @@ class Engine:
                 out.parked.append(seq.request_id)
         self.tokens_generated += len(seqs)
         return out
+
+    def _drain(self) -> None:
+        """Wait for the step in flight and keep what it produced for the next `step` to return."""
+        if self._inflight is not None:
+            step, self._inflight = self._inflight, None
+            out = self._collect(step)
+            if out.new_tokens:
+                assert self._ready is None, "at most one step is ever in flight"
+                self._ready = out
 
     def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params
@@ -331,6 +406,7 @@ class Engine:
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Copy Hugging Face-named tensors into the parameters in place (CUDA graphs and KV cache stay valid)."""
+        self._drain()  # a step in flight samples with the weights and version it was queued under
         params = dict(self.runner.model.named_parameters())  # a tied lm_head appears once, as the embedding
         tied_extra = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
         missing = sorted(set(params) - set(state))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -15,6 +16,21 @@ from laminar.engine.model import CausalLM
 from laminar.engine.rope import cos_sin_table
 from laminar.engine.sampler import SamplingBatch
 from laminar.engine.sequence import MovedKV, Sequence
+
+
+@dataclass
+class Launched:
+    """A decode step queued on the device: its rows, each row's context length, and its samples (device
+    tensors; on CUDA also pinned host copies on their way, done when `event` is)."""
+
+    seqs: list[Sequence]
+    ctx_lens: list[int]
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    host_tokens: torch.Tensor | None = None
+    host_logprobs: torch.Tensor | None = None
+    event: torch.cuda.Event | None = None
+
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
@@ -62,6 +78,14 @@ class ModelRunner:
         self.max_blocks = -(-max_model_len // block_size)
         self.use_triton = device.type == "cuda" and paged_attention.available()
         self.graphs: dict[int, tuple] = {}  # batch size -> (graph, logits, tokens, logprobs)
+        self._turn = self._out_turn = 0  # which pinned input / output buffers the next launch takes
+        self._host_out = [
+            (
+                torch.empty(max_num_seqs, dtype=torch.int64, pin_memory=device.type == "cuda"),
+                torch.empty(max_num_seqs, dtype=torch.float32, pin_memory=device.type == "cuda"),
+            )
+            for _ in range(2)
+        ]
         self.max_num_seqs = max_num_seqs
         self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda"
 
@@ -165,47 +189,96 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], sb: SamplingBatch) -> tuple[list[int], list[float]]:
         """One new token per sequence (its last, not yet cached): sample it, return (tokens, log-probs)."""
+        return self.collect(self.launch_decode(seqs, [len(s) for s in seqs], sb))
+
+    @torch.inference_mode()
+    def launch_decode(
+        self,
+        seqs: list[Sequence],
+        ctx_lens: list[int],
+        sb: SamplingBatch,
+        after: Launched | None = None,
+    ) -> Launched:
+        """Queue a decode step and return without waiting for it. Row i reads the first `ctx_lens[i]` tokens of
+        `seqs[i]`, its last one as input. With `after` (a step still on its way, whose rows these sequences
+        are), each input token is the one `after` samples for the same sequence: taken on the device, so this
+        step is queued before that one's tokens reach the host. `collect` gives the tokens and log-probs."""
         bsz = len(seqs)
         graph_bs = self._graph_size(bsz)
         rows = graph_bs or bsz
-        st = self.staging if graph_bs else _Staging(rows, self.max_blocks, pinned=False)
+        if graph_bs:  # two pinned buffers in turn: the other may still feed the step before this one
+            self._turn ^= 1
+            st = self._stagings[self._turn]
+        else:
+            st = _Staging(rows, self.max_blocks, pinned=False)
         st.fill_padding(rows, self.scratch_block, self.block_size)
-        max_len = 0
-        bsz_ = self.block_size
-        for i, s in enumerate(seqs):
-            n = len(s)
-            st.ids[i], st.pos[i], st.lens[i] = s.token_ids[-1], n - 1, n
-            st.slots[i] = s.block_table[(n - 1) // bsz_] * bsz_ + (n - 1) % bsz_
+        bs = self.block_size
+        src = {id(s): i for i, s in enumerate(after.seqs)} if after is not None else None
+        for i, (s, n) in enumerate(zip(seqs, ctx_lens)):
+            st.ids[i] = src[id(s)] if src is not None else s.token_ids[n - 1]
+            st.pos[i], st.lens[i] = n - 1, n
+            st.slots[i] = s.block_table[(n - 1) // bs] * bs + (n - 1) % bs
             st.tables[i, : len(s.block_table)] = s.block_table
-            max_len = max(max_len, n)
-            s.num_cached = n
         st.keys[:bsz], st.temps[:bsz] = sb.keys, sb.temperatures
         if graph_bs:
             self.static_in.copy_(st.buf, non_blocking=True)
+            dev = self._static
+        else:
+            dev = _Staging.to_device(st, self.device)
+        if after is not None:  # the input tokens: rows of the earlier step's samples
+            dev.ids[:bsz] = after.tokens[dev.ids[:bsz]]
+        if graph_bs:
             graph, logits, tokens, logprobs = self.graphs[graph_bs]
             graph.replay()
-            if sb.filtered:
-                return self.sample(logits[:bsz], sb)
-            return tokens[:bsz].tolist(), logprobs[:bsz].tolist()
-        dev = _Staging.to_device(st, self.device)
-        ctx = AttentionContext(
-            is_prefill=False,
-            slot_mapping=dev.slots,
-            block_tables=dev.tables[:, : -(-max_len // bsz_)],
-            context_lens=dev.lens,
-            max_context_len=max_len,
-            use_triton=self.use_triton,
-        )
-        hidden = self.model(dev.ids, self.cos_sin[dev.pos], self.k_cache, self.v_cache, ctx)
-        return self.sample(self.model.logits(hidden), sb)
+            if sb.filtered:  # top-k / top-p rows: the graph's sampler has no filters
+                tokens, logprobs = self._sample(logits[:bsz], sb)
+        else:
+            ctx = AttentionContext(
+                is_prefill=False,
+                slot_mapping=dev.slots,
+                block_tables=dev.tables[:, : -(-max(ctx_lens) // bs)],
+                context_lens=dev.lens,
+                max_context_len=max(ctx_lens),
+                use_triton=self.use_triton,
+            )
+            hidden = self.model(dev.ids, self.cos_sin[dev.pos], self.k_cache, self.v_cache, ctx)
+            tokens, logprobs = self._sample(self.model.logits(hidden), sb)
+        return self._launched(seqs, ctx_lens, tokens[:bsz], logprobs[:bsz])
+
+    def _launched(self, seqs, ctx_lens, tokens: torch.Tensor, logprobs: torch.Tensor) -> Launched:
+        """On CUDA the results start for pinned host memory now, before a later step can overwrite them."""
+        if self.device.type != "cuda":
+            return Launched(seqs, ctx_lens, tokens, logprobs)
+        n = len(seqs)
+        self._out_turn ^= 1
+        host_t, host_lp = (x[:n] for x in self._host_out[self._out_turn])
+        if len(host_t) < n:  # a batch past the graphs' sizes: a buffer of its own
+            host_t = torch.empty(n, dtype=torch.int64, pin_memory=True)
+            host_lp = torch.empty(n, dtype=torch.float32, pin_memory=True)
+        host_t.copy_(tokens, non_blocking=True)
+        host_lp.copy_(logprobs, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return Launched(seqs, ctx_lens, tokens, logprobs, host_t, host_lp, event)
+
+    @staticmethod
+    def collect(step: Launched) -> tuple[list[int], list[float]]:
+        """Wait for a launched step; its tokens and log-probs, row by row."""
+        if step.event is None:
+            return step.tokens.tolist(), step.logprobs.tolist()
+        step.event.synchronize()
+        return step.host_tokens.tolist(), step.host_logprobs.tolist()
 
     def sample(self, logits: torch.Tensor, sb: SamplingBatch) -> tuple[list[int], list[float]]:
+        tokens, logprobs = self._sample(logits, sb)
+        return tokens.tolist(), logprobs.tolist()
+
+    def _sample(self, logits: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
         def put(x: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(x).to(self.device)
 
         top_k, top_p = (put(sb.top_k), put(sb.top_p)) if sb.filtered else (None, None)
-        tokens, logprobs = sampler.sample(logits, put(sb.temperatures), put(sb.keys), top_k, top_p)
-        return tokens.tolist(), logprobs.tolist()
+        return sampler.sample(logits, put(sb.temperatures), put(sb.keys), top_k, top_p)
 
     # ---- CUDA graphs --------------------------------------------------------------------------------------
     def _graph_size(self, bsz: int) -> int:
@@ -221,11 +294,12 @@ class ModelRunner:
             return
         sizes = [b for b in GRAPH_BATCH_SIZES if b < self.max_num_seqs] + [self.max_num_seqs]
         n = max(sizes)
-        self.staging = _Staging(n, self.max_blocks, pinned=True)
-        self.staging.fill_padding(n, self.scratch_block, self.block_size)
-        self.staging.temps[:] = 1.0
-        self.static_in = self.staging.buf.to(self.device)
-        dev = _Staging.to_device(self.staging, self.device, self.static_in)
+        self._stagings = [_Staging(n, self.max_blocks, pinned=True) for _ in range(2)]
+        staging = self._stagings[0]
+        staging.fill_padding(n, self.scratch_block, self.block_size)
+        staging.temps[:] = 1.0
+        self.static_in = staging.buf.to(self.device)
+        self._static = dev = _Staging.to_device(staging, self.device, self.static_in)
         pool = None
         for b in sorted(sizes, reverse=True):
             ctx = AttentionContext(

@@ -33,3 +33,10 @@ def test_cuda_engine_matches_cpu_engine():
     res = check_engine_against_cpu()
     n, total = res["greedy"]["identical_requests"].split("/")
     assert n == total and res["export_import_identical"]
+
+
+def test_pipelined_cuda_engine_matches_step_by_step():
+    from laminar.engine.cuda_check import check_pipeline
+
+    n, total = check_pipeline()["greedy"].split("/")
+    assert n == total
