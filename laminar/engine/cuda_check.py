@@ -83,7 +83,8 @@ def check_fused_logprobs() -> tuple[float, float]:
 
 
 def check_sampler() -> tuple[float, float]:
-    """Fraction of rows where the Triton sampler picks the torch path's token, and the worst log-prob gap."""
+    """Fraction of rows where the Triton sampler picks the torch path's token, and the worst log-prob gap, on
+    float32 logits and on bfloat16 ones (what the decode graphs hand it)."""
     g = torch.Generator(device="cuda").manual_seed(1)
     logits = torch.randn(64, 151936, device="cuda", generator=g) * 4
     temps = torch.rand(64, device="cuda", generator=g) + 0.3
@@ -93,7 +94,12 @@ def check_sampler() -> tuple[float, float]:
         logits, temps, keys, torch.zeros(64, dtype=torch.int64, device="cuda"), torch.ones(64, device="cuda")
     )
     t_tri, lp_tri = sampler.sample_triton(logits, temps, keys)
-    return (t_ref == t_tri).float().mean().item(), (lp_ref - lp_tri).abs().max().item()
+    half = logits.bfloat16()
+    zeros, ones = torch.zeros(64, dtype=torch.int64, device="cuda"), torch.ones(64, device="cuda")
+    t_ref16, lp_ref16 = sampler.sample_torch(half.float(), temps, keys, zeros, ones)
+    t_tri16, lp_tri16 = sampler.sample_triton(half, temps, keys)
+    same = min((t_ref == t_tri).float().mean().item(), (t_ref16 == t_tri16).float().mean().item())
+    return same, max((lp_ref - lp_tri).abs().max().item(), (lp_ref16 - lp_tri16).abs().max().item())
 
 
 def tiny_config() -> ModelConfig:

@@ -312,7 +312,7 @@ class ModelRunner:
 
             def run(b=b, ctx=ctx):
                 h = self.model(dev.ids[:b], self.cos_sin[dev.pos[:b]], self.k_cache, self.v_cache, ctx)
-                logits = self.model.logits(h)
+                logits = self.model.lm_head(h)  # the model's dtype: the sampler reads it as float32
                 return (logits, *sampler.sample_triton(logits, dev.temps[:b], dev.keys[:b]))
 
             run()  # warm up (Triton compile, cuBLAS handles) outside the capture

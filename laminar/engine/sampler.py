@@ -3,8 +3,8 @@
 Gumbel-max: token = argmax(logits / T + g), where g = -log(-log(u)) and u comes from a counter-based hash of
 (request key, position, token id). A request's key mixes its seed and id, so it carries the same stream to any
 engine, and rows never share state. The log-prob returned is of the sampled token under softmax(logits / T) (plain
-softmax when greedy), the quantity the trainer recomputes. On CUDA one Triton kernel reads each row of logits once
-(noise, argmax and log-sum-exp together); top-k/top-p rows take the torch path.
+softmax when greedy), the quantity the trainer recomputes. On CUDA Triton kernels read each row of logits once (noise, argmax and
+log-sum-exp together, over slices of the vocabulary in parallel); top-k/top-p rows take the torch path.
 """
 
 from __future__ import annotations
@@ -174,8 +174,22 @@ if triton is not None:
         return x ^ (x >> 16)
 
     @triton.jit
-    def _sample_kernel(logits_ptr, stride, temp_ptr, key_ptr, tok_ptr, lp_ptr, vocab, BLOCK: tl.constexpr):
+    def _sample_part_kernel(
+        logits_ptr,
+        stride,
+        temp_ptr,
+        key_ptr,
+        part_ptr,
+        idx_ptr,
+        vocab,
+        CHUNK: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """One row's slice of CHUNK vocabulary entries: its running max and exp-sum (the log-sum-exp's parts)
+        and its best noisy score with that score's token, written to the row's slot for this slice."""
         row = tl.program_id(0)
+        part = tl.program_id(1)
+        parts = tl.num_programs(1)
         t = tl.load(temp_ptr + row)
         greedy = t <= 0.0
         inv_t = tl.where(greedy, 1.0, 1.0 / t)
@@ -186,7 +200,8 @@ if triton is not None:
         best_idx = 0
         m = float("-inf")
         s = 0.0
-        for start in range(0, vocab, BLOCK):
+        for i in range(0, CHUNK // BLOCK):
+            start = part * CHUNK + i * BLOCK
             idx = start + offs
             mask = idx < vocab
             x = (
@@ -202,20 +217,68 @@ if triton is not None:
             score = tl.where(mask, x + g * noise_on, float("-inf"))
             blk_best = tl.max(score, 0)
             blk_idx = tl.argmax(score, 0)
-            better = blk_best > best
+            better = blk_best > best  # strictly: the first of equal scores wins, as in one pass
             best_idx = tl.where(better, start + blk_idx, best_idx)
             best = tl.where(better, blk_best, best)
-        lse = m + tl.log(s)
-        x_tok = tl.load(logits_ptr + row * stride + best_idx).to(tl.float32) * inv_t
-        tl.store(tok_ptr + row, best_idx.to(tl.int64))
+        slot = part_ptr + (row * parts + part) * 3
+        tl.store(slot, m)
+        tl.store(slot + 1, s)
+        tl.store(slot + 2, best)
+        tl.store(idx_ptr + row * parts + part, best_idx.to(tl.int32))
+
+    @triton.jit
+    def _sample_combine_kernel(
+        logits_ptr, stride, temp_ptr, part_ptr, idx_ptr, tok_ptr, lp_ptr, parts, PARTS: tl.constexpr
+    ):
+        """A row's slices put together: the token of the best score (the first slice's on a tie) and its
+        log-prob against the whole row's log-sum-exp."""
+        row = tl.program_id(0)
+        t = tl.load(temp_ptr + row)
+        inv_t = tl.where(t <= 0.0, 1.0, 1.0 / t)
+        offs = tl.arange(0, PARTS)
+        mask = offs < parts
+        slot = part_ptr + (row * parts + offs) * 3
+        m = tl.load(slot, mask=mask, other=float("-inf"))
+        s = tl.load(slot + 1, mask=mask, other=0.0)
+        best = tl.load(slot + 2, mask=mask, other=float("-inf"))
+        idx = tl.load(idx_ptr + row * parts + offs, mask=mask, other=0)
+        m_all = tl.max(m, 0)
+        lse = m_all + tl.log(tl.sum(s * tl.exp(m - m_all), 0))
+        first = tl.min(tl.where(mask & (best == tl.max(best, 0)), offs, PARTS), 0)
+        tok = tl.sum(tl.where(offs == first, idx, 0), 0)
+        x_tok = tl.load(logits_ptr + row * stride + tok).to(tl.float32) * inv_t
+        tl.store(tok_ptr + row, tok.to(tl.int64))
         tl.store(lp_ptr + row, x_tok - lse)
+
+
+SAMPLE_CHUNK = 4096  # vocabulary entries a program reads: a 152K vocabulary is 38 programs a row
 
 
 def sample_triton(
     logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Gumbel-max draw and its log-prob in two kernels: slices of each row's vocabulary in parallel (one
+    program a row read 152K logits alone, and left most of the GPU idle at decode batch sizes), then one small
+    kernel a row to put the slices together. Logits of any float dtype are read as float32."""
     bsz, vocab = logits.shape
+    parts = triton.cdiv(vocab, SAMPLE_CHUNK)
     tokens = torch.empty(bsz, dtype=torch.int64, device=logits.device)
     logprobs = torch.empty(bsz, dtype=torch.float32, device=logits.device)
-    _sample_kernel[(bsz,)](logits, logits.stride(0), temperature, keys, tokens, logprobs, vocab, BLOCK=2048)
+    slices = torch.empty(bsz, parts, 3, dtype=torch.float32, device=logits.device)
+    best = torch.empty(bsz, parts, dtype=torch.int32, device=logits.device)
+    stride = logits.stride(0)
+    _sample_part_kernel[(bsz, parts)](
+        logits, stride, temperature, keys, slices, best, vocab, CHUNK=SAMPLE_CHUNK, BLOCK=1024
+    )
+    _sample_combine_kernel[(bsz,)](
+        logits,
+        stride,
+        temperature,
+        slices,
+        best,
+        tokens,
+        logprobs,
+        parts,
+        PARTS=triton.next_power_of_2(parts),
+    )
     return tokens, logprobs
