@@ -67,6 +67,8 @@ if triton is not None:
             blk = tl.load(table_ptr + b * stride_tb + tok // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
             row = blk * stride_kb + (tok % BLOCK_SIZE) * stride_kt + kvh * stride_kh
             k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=nmask[:, None], other=0.0)
+            # the values' load is issued with the keys', so its latency runs under the scores' math
+            v = tl.load(v_ptr + row[:, None] + offs_d[None, :], mask=nmask[:, None], other=0.0)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -76,7 +78,6 @@ if triton is not None:
             p = tl.exp2(s - m_new[:, None])
             alpha = tl.exp2(m - m_new)
             denom = denom * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + row[:, None] + offs_d[None, :], mask=nmask[:, None], other=0.0)
             if IEEE:
                 pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
@@ -91,13 +92,18 @@ if triton is not None:
         )
 
 
+DECODE_BLOCK_N = 128  # context tokens a program reads per iteration (results/engine-step: 128 and 8 warps)
+DECODE_WARPS = 8
+
+
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
-    block_n: int = 64,
+    block_n: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """q: [B, H, D]; caches [num_blocks, block_size, KV, D]; block_tables [B, W] int32; context_lens [B] int32."""
     if triton is None:
@@ -129,9 +135,9 @@ def paged_decode(
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=dim,
         BLOCK_SIZE=block_size,
-        BLOCK_N=block_n,
+        BLOCK_N=block_n or DECODE_BLOCK_N,
         IEEE=q.dtype == torch.float32,
-        num_warps=4,
+        num_warps=num_warps or DECODE_WARPS,
         num_stages=2,
     )
     return out
