@@ -2,7 +2,8 @@
 spends its time (the convergence runs' shape: 256 samples in groups of 8, 50-token prompts, answers of about a
 dozen tokens with a lognormal tail).
 
-Each batch is timed step by step: the prefill steps, the decode steps, the scheduler and everything else; then
+Each batch is timed step by step, with the engine's pipelining off so that the phases follow one another: the
+prefill steps, the decode steps, the scheduler and everything else; then
 each captured decode graph is replayed alone, by batch size (the floor of a decode step). Random weights of a
 named shape; answers end at their drawn length (EOS ignored). Writes `DIR/batches.json` and `DIR/batches.png`.
 `--compare A.json B.json ...` plots earlier results side by side instead (e.g. an engine before and after a
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         num_kv_blocks=args.samples * -(-(args.prompt + args.answer_max + 1) // 16) + 16,
         max_model_len=args.prompt + args.answer_max + 16,
         share_prompts=args.share == "on",
+        pipeline=False,  # the phases of a step are timed one after another (pipelined, they overlap)
     )
     setup_s = time.perf_counter() - t
     totals: dict[str, float] = defaultdict(float)
