@@ -300,7 +300,7 @@ class Engine:
                 self.prefill_tokens += num_tokens
                 tokens, logprobs = self.runner.prefill(seqs, sb)
                 return self._record(
-                    seqs, lens, tokens, logprobs, StepOutput(is_prefill=True, num_tokens=num_tokens)
+                    seqs, tokens, logprobs, StepOutput(is_prefill=True, num_tokens=num_tokens)
                 )
             self._inflight = self.runner.launch_decode(seqs, lens, sb)
         step, self._inflight = self._inflight, None
@@ -323,8 +323,7 @@ class Engine:
             return None
         seqs, lens = [], []
         for s, n in zip(step.seqs, step.ctx_lens):
-            live = self._seqs.get(s.request_id) is s and not s.parked and len(s) == n
-            if live and s.num_output + 1 < s.params.max_new_tokens and n + 1 < self.max_model_len:
+            if self._live(s, n) and s.num_output + 1 < s.params.max_new_tokens and n + 1 < self.max_model_len:
                 seqs.append(s)
                 lens.append(n + 1)
         if not seqs:
@@ -340,18 +339,19 @@ class Engine:
     def _collect(self, step: Launched) -> StepOutput:
         """Wait for a decode step and record its tokens for the rows still live (see `_launch_next`)."""
         tokens, logprobs = self.runner.collect(step)
-        rows = [
-            i
-            for i, (s, n) in enumerate(zip(step.seqs, step.ctx_lens))
-            if self._seqs.get(s.request_id) is s and not s.parked and len(s) == n
-        ]
+        rows = [i for i, (s, n) in enumerate(zip(step.seqs, step.ctx_lens)) if self._live(s, n)]
         seqs = [step.seqs[i] for i in rows]
         for i, s in zip(rows, seqs):
             s.num_cached = step.ctx_lens[i]
         out = StepOutput(is_prefill=False, num_tokens=len(rows))
-        return self._record(seqs, None, [tokens[i] for i in rows], [logprobs[i] for i in rows], out)
+        return self._record(seqs, [tokens[i] for i in rows], [logprobs[i] for i in rows], out)
 
-    def _record(self, seqs, lens, tokens: list[int], logprobs: list[float], out: StepOutput) -> StepOutput:
+    def _live(self, seq: Sequence, ctx_len: int) -> bool:
+        """Whether a decode row queued for `seq` at context length `ctx_len` still counts: the request is here,
+        not parked, and has exactly the tokens the row read."""
+        return self._seqs.get(seq.request_id) is seq and not seq.parked and len(seq) == ctx_len
+
+    def _record(self, seqs, tokens: list[int], logprobs: list[float], out: StepOutput) -> StepOutput:
         """Append each sequence's sampled token; finish or park those it ends."""
         for seq, tok, lp in zip(seqs, tokens, logprobs):
             seq.token_ids.append(tok)
