@@ -38,7 +38,9 @@ def play(engine, turns, on_step=lambda out: None) -> dict:
     return done
 
 
-def test_a_call_parks_runs_off_the_loop_and_resumes_exactly(model):
+@pytest.mark.parametrize("pipeline", [False, True], ids=["step-by-step", "pipelined"])
+def test_a_call_parks_runs_off_the_loop_and_resumes_exactly(model, pipeline):
+    """Pipelined too (the default on CUDA): the step queued while the caller parks the request drops its row."""
     ref = engine_for(model)
     ref.add_request("r", PROMPT, PARAMS)
     ref.add_request("other", [7, 8, 9], PARAMS)
@@ -54,7 +56,7 @@ def test_a_call_parks_runs_off_the_loop_and_resumes_exactly(model):
         max_turns=1,
         detect=lambda ids: ToolCall("slow", str(len(ids)), "") if ids and ids[-1] == marker else None,
     )
-    engine = engine_for(model)
+    engine = engine_for(model, pipeline=pipeline)
     engine.add_request("r", PROMPT, PARAMS)
     engine.add_request("other", [7, 8, 9], PARAMS)
     decoded_while_parked = []
@@ -124,14 +126,15 @@ def test_a_call_runs_only_after_its_park_is_recorded(model):
     assert turns.calls == 3 and seen_before_running == [True, True, True]
 
 
-def test_a_scripted_call_workload_parks_where_the_script_says(model):
+@pytest.mark.parametrize("pipeline", [False, True], ids=["step-by-step", "pipelined"])
+def test_a_scripted_call_workload_parks_where_the_script_says(model, pipeline):
     """The benchmark's tool workload: calls after the scripted counts of sampled tokens, each returning its
     scripted number of context tokens."""
     script = {"calls_at": [3, 7], "latency_s": [0.05, 0.01], "output_tokens": 4}
     turns = ToolTurns(
         tools={}, decode=str, render=lambda text: [], script_of=lambda rid: script, script_token=9
     )
-    engine = engine_for(model)
+    engine = engine_for(model, pipeline=pipeline)
     n = 12
     engine.add_request("r", PROMPT, replace(PARAMS, max_new_tokens=n + 2 * 4))
     got = play(engine, turns)["r"]

@@ -67,8 +67,8 @@ def driver(tool: CountingTool) -> ToolTurns:
     )
 
 
-def start(model):
-    engine = engine_for(model)
+def start(model, **engine_kw):
+    engine = engine_for(model, **engine_kw)
     engine.add_request(RID, GROUP.prompt_ids, SamplingParams(seed=sample_seed(RUN_SEED, RID), **SAMPLING))
     return engine
 
@@ -132,18 +132,20 @@ def test_a_trajectory_moved_mid_call_waits_for_its_call_and_resumes_with_its_res
     assert tool.calls == want_calls and dst_turns.reruns == 0  # once per turn, across both replicas
 
 
+@pytest.mark.parametrize("pipeline", [False, True], ids=["step-by-step", "pipelined"])
 def test_a_trajectory_moved_after_its_call_returned_and_one_moved_mid_turn_end_as_never_moved(
-    model, never_moved
+    model, never_moved, pipeline
 ):
+    """Pipelined too: each move leaves a queued decode row behind, dropped when its step is collected."""
     want, want_calls = never_moved
     tool = CountingTool(hold=0)
-    a, a_turns = start(model), driver(tool)
+    a, a_turns = start(model, pipeline=pipeline), driver(tool)
     play(a, a_turns, stop=lambda: a_turns.busy(RID))
     running = a_turns.running([RID])
     tool.release.set()
     cf.wait(running, timeout=30)  # back, not yet given to the request
     assert a.stats().parked == 1 and not a_turns.busy(RID)
-    b, b_turns = engine_for(model), driver(tool)
+    b, b_turns = engine_for(model, pipeline=pipeline), driver(tool)
     move(a, a_turns, b, b_turns)
     # on b, a few tokens into its second turn, it moves back to a running one: its turn count goes with it
     play(b, b_turns, stop=lambda: b.stats().parked == 0 and len(b.progress(RID)[0]) > TURN_TOKENS + 6)
