@@ -86,6 +86,9 @@ class RolloutConfig:
     dead_after_s: float = 15.0  # a replica or relay that does not answer for this long is replaced
     max_failures_in_a_row: int = 3  # replica loops raising the same error this often stop the run with it
     placement: str = "pack"  # pack: Ray's default (fill the driver's machine first); spread: across machines
+    # each decode step queued before the last one's tokens reach the host: auto (where decode runs as CUDA
+    # graphs) | on | off
+    pipeline: str = "auto"
 
 
 @dataclass
@@ -252,6 +255,8 @@ def _coerce(path: str, value: Any, kind: type) -> Any:
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         return float(value)
     if kind is str:
+        if isinstance(value, bool):  # YAML 1.1 reads on/off (yes/no, true/false) as booleans
+            return "on" if value else "off"
         if not isinstance(value, str | int | float):
             raise ConfigError(f"{path}: expected a string, got {value!r}")
         return str(value)
@@ -429,6 +434,7 @@ def validate(cfg: Config) -> None:
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", r.max_new_tokens, "at least 1")
     _check(r.num_cpus > 0, "rollout.num_cpus", r.num_cpus, "a positive number of CPUs")
     _check(r.placement in ("pack", "spread"), "rollout.placement", r.placement, "pack or spread")
+    _check(r.pipeline in ("auto", "on", "off"), "rollout.pipeline", r.pipeline, "auto, on or off")
     _check(
         r.max_failures_in_a_row >= 1, "rollout.max_failures_in_a_row", r.max_failures_in_a_row, "at least 1"
     )

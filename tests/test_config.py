@@ -45,6 +45,7 @@ def test_yaml_then_overrides(tmp_path):
         ("trainer.reshard_after_forward=false", ["trainer.reshard_after_forward", "num_workers=1"]),
         ("trainer.num_workers=2 trainer.num_gpus=0.5", ["trainer.num_gpus=0.5", "no two ranks share a GPU"]),
         ("buffer.capacity_groups=8", ["buffer.capacity_groups", "0 (three trainer steps)", "(16)"]),
+        ("rollout.pipeline=sometimes", ["rollout.pipeline", "auto, on or off"]),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_valid(override, names):
@@ -52,6 +53,15 @@ def test_bad_values_name_the_field_and_what_is_valid(override, names):
         load_config(None, override.split())
     for name in names:
         assert name in str(err.value)
+
+
+def test_on_and_off_read_as_such_from_yaml_and_overrides(tmp_path):
+    """YAML 1.1 reads `on` and `off` as booleans; the fields that take them get the words."""
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer:\n  packing: on\nrollout:\n  pipeline: off\n")
+    cfg = load_config(path, ["rollout.pipeline=on"])
+    assert cfg.trainer.packing == "on" and cfg.rollout.pipeline == "on"
+    assert load_config(path).rollout.pipeline == "off"
 
 
 def test_missing_config_file_is_named(tmp_path):

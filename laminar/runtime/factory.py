@@ -57,6 +57,7 @@ class EngineRecipe:
             block_size=r.block_size,
             use_cuda_graphs=cuda,
             version=self.version,
+            pipeline=None if r.pipeline == "auto" else r.pipeline == "on",
         )
 
 

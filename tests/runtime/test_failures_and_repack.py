@@ -115,6 +115,9 @@ def test_repacked_and_recovered_trajectories_finish_exactly_as_if_they_had_staye
             "task.tool_calls_min=1",  # every trajectory has a turn: every moved one carries one
             "task.tool_latency_median_s=0.02",
             "task.tool_output_tokens=4",
+            # the replicas' engines pipelined, as on GPU (there by default): every move, park and kill leaves
+            # a queued decode step behind; the replay below runs step by step
+            "rollout.pipeline=on",
         ],
     )
     out = tmp_path / "run"
