@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from laminar.config import Config, ConfigError, load_config, lr_warning
+from laminar.telemetry.provenance import code_digest
 
 
 def resolve_model(cfg: Config) -> str:
@@ -244,6 +245,7 @@ def _run(
             "evicted": buf.get("evicted_trajectories", 0),
         },
         extra={
+            "code": code_digest(),  # the package's source digest (laminar.telemetry.provenance)
             "checkpoint": str(ckpt),
             "model": model_path,
             "resumed_at": start_version if resume else None,

@@ -25,6 +25,7 @@ import torch
 from laminar.engine.config import ModelConfig, SamplingParams
 from laminar.engine.engine import Engine
 from laminar.engine.random_model import SHAPES, shape_config
+from laminar.telemetry.provenance import code_digest
 
 
 def timed(obj, name: str, totals: dict, counts: dict, sync: bool) -> None:
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "laminar bench batches " + " ".join(argv or []),
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
+        "code": code_digest(),
         "args": {k: v for k, v in vars(args).items()},
         "engine_setup_s": round(setup_s, 2),
         "batches": rows,

@@ -19,6 +19,7 @@ import torch
 from laminar.engine.config import ModelConfig, SamplingParams
 from laminar.engine.engine import Engine
 from laminar.engine.random_model import SHAPES, shape_config
+from laminar.telemetry.provenance import code_digest
 
 
 def build_hf_model(name: str, device: str, dtype: torch.dtype):
@@ -307,6 +308,7 @@ def main(argv: list[str]) -> int:
         "device_name": device_name,
         "cpu_threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "code": code_digest(),
         "dtype": str(dtype).removeprefix("torch."),
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,

@@ -22,6 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from laminar.config import load_config  # noqa: E402
+from laminar.telemetry.provenance import code_digest
 
 # (label, schedule, extra overrides): the four baselines, Laminar, its two ablations and two repack variants
 VARIANTS = [
@@ -255,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": overrides,
         "command": command(args.config, args.overrides),
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "code": code_digest(),
     }
     if args.report:
         found = [label for label, _, _ in chosen if (out / label / "summary.json").exists()]
@@ -271,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     slim = [{k: v for k, v in r.items() if k not in ("timeline", "staleness_values")} for r in results]
     (out / "schedules.json").write_text(json.dumps({"meta": meta, "results": slim}, indent=2))
     cmd = meta.get("command") or command(meta["config"], meta["overrides"])  # older files have no command
-    md = f"# Schedules on one workload\n\n`{cmd}`, {meta['when']}, on {meta['card']}\n\n"
+    code = f", code {meta['code']}" if meta.get("code") else ""  # older files have no digest
+    md = f"# Schedules on one workload\n\n`{cmd}`, {meta['when']}, on {meta['card']}{code}\n\n"
     (out / "schedules.md").write_text(md + table(results) + "\n")
     plot(results, out)
     print(table(results))

@@ -24,6 +24,7 @@ import torch
 from laminar.data.records import Trajectory
 from laminar.engine.random_model import SHAPES, shape_config
 from laminar.jsonio import write_json
+from laminar.telemetry.provenance import code_digest
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense
 
@@ -247,6 +248,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
     return {
         "machine": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
         "torch": torch.__version__,
+        "code": code_digest(),
         "command": "laminar bench trainer " + " ".join(args.argv),
         "shape": args.shape,
         "params": params,

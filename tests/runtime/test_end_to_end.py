@@ -8,6 +8,7 @@ from collections import defaultdict
 import pytest
 
 from laminar.config import load_config
+from laminar.telemetry.provenance import code_digest
 from laminar.train import train
 
 pytestmark = pytest.mark.slow
@@ -66,6 +67,7 @@ def test_run_folder_has_everything(laminar_run):
         "checkpoint/runtime_state.json",
     ):
         assert (out / name).exists(), name
+    assert summary["code"] == code_digest()  # which source ran
     for key in (
         "schedule",
         "wall_s",
