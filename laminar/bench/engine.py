@@ -58,8 +58,8 @@ def sync(device: str) -> None:
 def bench_engine(
     engine: Engine, batch: int, prompt_len: int, new_tokens: int, vocab: int, seed: int, profile: bool = False
 ) -> dict:
-    """Decode `new_tokens` for `batch` requests; with `profile`, also look inside the step halfway through (at the
-    mean context): its CUDA graph replayed alone, and its kernels by name."""
+    """Decode `new_tokens` for `batch` requests; with `profile`, also look inside the step halfway through (at
+    the mean context): its CUDA graph replayed alone, and its kernels by name."""
     g = torch.Generator().manual_seed(seed)
     params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
     for i in range(batch):
@@ -95,7 +95,8 @@ def bench_engine(
 
 def look_inside_step(engine: Engine, batch: int, steps: int = 5) -> dict:
     """Where a decode step's time goes: the step as `Engine.step` runs it, its CUDA graph replayed alone (the
-    device's share; the rest is the host's), and the device time of each kernel name per step (torch profiler)."""
+    device's share; the rest is the host's), and the device time of each kernel name per step (torch
+    profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     runner = engine.runner

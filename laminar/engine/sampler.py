@@ -3,8 +3,9 @@
 Gumbel-max: token = argmax(logits / T + g), where g = -log(-log(u)) and u comes from a counter-based hash of
 (request key, position, token id). A request's key mixes its seed and id, so it carries the same stream to any
 engine, and rows never share state. The log-prob returned is of the sampled token under softmax(logits / T) (plain
-softmax when greedy), the quantity the trainer recomputes. On CUDA Triton kernels read each row of logits once (noise, argmax and
-log-sum-exp together, over slices of the vocabulary in parallel); top-k/top-p rows take the torch path.
+softmax when greedy), the quantity the trainer recomputes. On CUDA Triton kernels read each row of logits once
+(noise, argmax and log-sum-exp together, over slices of the vocabulary in parallel); top-k/top-p rows take the
+torch path.
 """
 
 from __future__ import annotations
