@@ -85,6 +85,7 @@ class Engine:
         self._prompt_leads: dict[tuple[int, ...], Sequence] = {}  # prompt -> the first live request with it
         self.share_prompts = share_prompts
         self.prefill_tokens = 0
+        self.decode_steps = self.queued_ahead = self.dropped_rows = 0
         self._keys: dict[str, int] = {}
         self._inflight: Launched | None = None  # a decode step queued, not yet collected
         self._ready: StepOutput | None = None  # a step collected early, not yet returned by `step`
@@ -334,6 +335,7 @@ class Engine:
             return None
         for s, n in zip(seqs, lens):
             self.blocks.allocate(s, n)
+        self.queued_ahead += 1
         return self.runner.launch_decode(seqs, lens, sb, after=step)
 
     def _collect(self, step: Launched) -> StepOutput:
@@ -341,6 +343,8 @@ class Engine:
         tokens, logprobs = self.runner.collect(step)
         rows = [i for i, (s, n) in enumerate(zip(step.seqs, step.ctx_lens)) if self._live(s, n)]
         seqs = [step.seqs[i] for i in rows]
+        self.decode_steps += 1
+        self.dropped_rows += len(step.seqs) - len(rows)
         for i, s in zip(rows, seqs):
             s.num_cached = step.ctx_lens[i]
         out = StepOutput(is_prefill=False, num_tokens=len(rows))
@@ -449,6 +453,9 @@ class Engine:
             parked=len(self.scheduler.parked),
             prefill_tokens=self.prefill_tokens,
             shared_prompt_tokens=self.scheduler.shared_prompt_tokens,
+            decode_steps=self.decode_steps,
+            queued_ahead=self.queued_ahead,
+            dropped_rows=self.dropped_rows,
         )
 
     def reset_peak(self) -> None:

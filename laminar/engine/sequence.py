@@ -112,3 +112,6 @@ class EngineStats:
     parked: int = 0  # requests waiting for a tool
     prefill_tokens: int = 0  # tokens run through prefill, all told
     shared_prompt_tokens: int = 0  # prompt tokens a request took from its group's first instead of prefilling
+    decode_steps: int = 0
+    queued_ahead: int = 0  # decode steps queued before the previous one's tokens were known (pipelined)
+    dropped_rows: int = 0  # rows of such steps whose request stopped, parked, left or was aborted meanwhile

@@ -236,6 +236,10 @@ class RolloutReplica:
                 for rid, st in sorted(self.inflight.items())
                 if not is_eval(st.group.group_id)
             ],
+            # pipelined decode: steps queued before the last one's tokens were known, and their dropped rows
+            "decode_steps": stats.decode_steps,
+            "queued_ahead": stats.queued_ahead,
+            "dropped_rows": stats.dropped_rows,
             "tool_reruns": self.tools.reruns if self.tools is not None else 0,
             # calls made here and their total wait for a free tool worker (`task.tool_workers`)
             **(

@@ -111,5 +111,15 @@ def summarize(
         n = sum(c for c, _ in made.values())
         if n:  # calls that waited for one of a replica's `task.tool_workers`: the pool bounded the run
             summary["tool_calls"]["queued_s_per_call"] = round(sum(q for _, q in made.values()) / n, 4)
+    last: dict[int, dict[str, Any]] = {}
+    for r in gens:
+        last[r["replica"]] = r
+    queued = sum(r.get("queued_ahead", 0) for r in last.values())
+    if queued:  # pipelined decode: how often a step was queued before the last one's tokens were known
+        decode = sum(r.get("decode_steps", 0) for r in last.values())
+        summary["decode_pipeline"] = {
+            "queued_ahead_share": round(queued / max(decode, 1), 4),
+            "dropped_rows": sum(r.get("dropped_rows", 0) for r in last.values()),
+        }
     summary.update(extra or {})
     return summary

@@ -64,6 +64,10 @@ def scripted_run(model, pipeline: bool, **engine_kw) -> tuple[list, dict, int]:
         if steps == 10:
             e.add_request("r8", PROMPTS[8], params(8))
             e.add_request("r9", PROMPTS[0], params(9))  # shares r0's prompt
+    stats = e.stats()
+    assert stats.queued_ahead == queued and stats.decode_steps >= queued
+    if pipeline:
+        assert stats.dropped_rows > 0  # stops, parks, moves and the abort each leave a queued row behind
     return log, done, queued
 
 

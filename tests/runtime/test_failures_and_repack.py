@@ -130,6 +130,7 @@ def test_repacked_and_recovered_trajectories_finish_exactly_as_if_they_had_staye
     assert f["rollouts"] == 1 and f["recovered_trajectories"] + f["restarted_trajectories"] > 0, f
     t = summary["trajectories"]
     assert audit_run(out).ok and t["lost"] == 0 and t["duplicated"] == 0, t
+    assert summary["decode_pipeline"]["queued_ahead_share"] > 0.3, summary["decode_pipeline"]
     trained = {}
     for r in records_of(out):
         if r["kind"] == "step":
