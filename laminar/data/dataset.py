@@ -237,20 +237,7 @@ def train_rows(cfg: Any) -> list[dict[str, Any]]:
     elif t.name == "lengths":
         from laminar.data.lengths import LengthWorkload
 
-        made = LengthWorkload(
-            median=t.length_median,
-            p99_ratio=t.length_p99_ratio,
-            lengths_file=t.lengths_file,
-            prompt_len=t.length_prompt_words,
-            max_len=cfg.rollout.max_new_tokens,
-            seed=t.seed,
-            tool_calls_mean=t.tool_calls_mean,
-            tool_calls_min=t.tool_calls_min,
-            tool_latency_median_s=t.tool_latency_median_s,
-            tool_latency_p99_ratio=t.tool_latency_p99_ratio,
-            tool_output_tokens=t.tool_output_tokens,
-            max_calls=t.max_turns,
-        ).rows(t.num_prompts)
+        made = LengthWorkload.from_task(cfg).rows(t.num_prompts)
         keep = ("sampling", "tool_script")  # each row fixes its response length (and its tool calls)
     elif t.name == "arith":
         from laminar.data.arith import ArithTask, parse_levels

@@ -35,6 +35,26 @@ class LengthWorkload:
     tool_output_tokens: int = 32
     max_calls: int = 8
 
+    @classmethod
+    def from_task(cls, cfg: Any) -> LengthWorkload:
+        """The workload a run's config names (`task.name=lengths`): its `task` fields, responses capped at
+        `rollout.max_new_tokens`, at most `task.max_turns` calls a response."""
+        t = cfg.task
+        return cls(
+            median=t.length_median,
+            p99_ratio=t.length_p99_ratio,
+            lengths_file=t.lengths_file,
+            prompt_len=t.length_prompt_words,
+            max_len=cfg.rollout.max_new_tokens,
+            seed=t.seed,
+            tool_calls_mean=t.tool_calls_mean,
+            tool_calls_min=t.tool_calls_min,
+            tool_latency_median_s=t.tool_latency_median_s,
+            tool_latency_p99_ratio=t.tool_latency_p99_ratio,
+            tool_output_tokens=t.tool_output_tokens,
+            max_calls=t.max_turns,
+        )
+
     def lengths(self, count: int) -> list[int]:
         rng = random.Random(self.seed)
         if self.lengths_file:

@@ -59,6 +59,26 @@ class LengthConfig:
                 f"{self.tool_calls_mean}, {self.tool_latency_median_s}, {self.tool_output_tokens}"
             )
 
+    @classmethod
+    def from_task(cls, cfg: Any) -> LengthConfig:
+        """`kind: bench` for the length-controlled workload a run's config names (`task.name=lengths`): the
+        simulator then replays that run's own rows (`workload`)."""
+        t = cfg.task
+        return cls(
+            kind="bench",
+            median=t.length_median,
+            p99_over_median=t.length_p99_ratio,
+            max_response=cfg.rollout.max_new_tokens,
+            num_prompts=t.num_prompts,
+            workload_seed=t.seed,
+            tool_calls_mean=t.tool_calls_mean,
+            tool_calls_min=t.tool_calls_min,
+            tool_latency_median_s=t.tool_latency_median_s,
+            tool_latency_p99_ratio=t.tool_latency_p99_ratio,
+            tool_output_tokens=t.tool_output_tokens,
+            tool_max_calls=t.max_turns,
+        )
+
     def workload(self) -> Any:
         """The runtime's length-controlled workload with these lengths and tool calls."""
         from laminar.data.lengths import LengthWorkload

@@ -163,16 +163,7 @@ def test_the_bench_replay_draws_the_runtimes_own_rows_call_for_call(tiny_model_d
         ],
     )
     t = cfg.task
-    lengths = LengthConfig(
-        kind="bench",
-        median=t.length_median,
-        max_response=cfg.rollout.max_new_tokens,
-        num_prompts=t.num_prompts,
-        workload_seed=t.seed,
-        tool_calls_mean=t.tool_calls_mean,
-        tool_output_tokens=t.tool_output_tokens,
-        tool_max_calls=t.max_turns,
-    )
+    lengths = LengthConfig.from_task(cfg)
     runtime = train_rows(cfg)
     simulated = lengths.workload().rows(t.num_prompts)
     assert [r["tool_script"] for r in runtime if "tool_script" in r] == [
