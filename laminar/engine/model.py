@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from laminar.engine import gate_up
 from laminar.engine.attention import (
     AttentionContext,
     decode_attention,
@@ -109,8 +110,11 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         fuse(self, "gate_up", self.gate_proj, self.up_proj)
+        self.gate_up_kernel = gate_up.supported(cfg.hidden_size, cfg.intermediate_size) and not cfg.mlp_bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_kernel and gate_up.ENABLED and x.is_cuda and x.shape[0] <= gate_up.MAX_ROWS:
+            return self.down_proj(gate_up.gate_up_silu(x, self.gate_up_weight))  # one kernel, no [N, 2I]
         return self.down_proj(self.fused.silu_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
 
 

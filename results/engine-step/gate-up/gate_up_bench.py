@@ -1,0 +1,141 @@
+"""The decode MLP's first half, timed the way the engine runs it: one CUDA graph holding every layer's call,
+each layer with its own weights (nothing stays in L2), on the decode targets' shapes. The engine's path (the
+fused gate/up product by cuBLAS, then the compiled SiLU x up) against `laminar.engine.gate_up` in each tile
+configuration; then `laminar bench engine` on both targets with the kernel off and with each shape's best.
+
+    PYTHONPATH=$PWD python3 results/engine-step/gate-up/gate_up_bench.py OUT     # on one GPU
+"""
+
+import itertools
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from laminar.bench.engine import main as bench_engine
+from laminar.engine import gate_up
+from laminar.engine.fused import Fused
+
+out_dir = sys.argv[1]
+os.makedirs(out_dir, exist_ok=True)
+SHAPES = {
+    "qwen2.5-0.5b": (128, 896, 4864, 24),
+    "qwen2.5-7b": (64, 3584, 18944, 28),
+}  # rows, hidden, I, layers
+CONFIGS = [
+    (bn, bk, w, st, True) for bn, bk, w, st in itertools.product((32, 64, 128), (64, 128), (4, 8), (3, 4))
+]
+CONFIGS += [(64, 128, 4, 4, False), (32, 128, 4, 4, False), (128, 64, 8, 3, False)]
+
+
+def time_graph(fn, layers, reps=20):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        graph.replay()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) * 1e3 / reps / layers
+
+
+fused = Fused(compile=True)
+res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+best = {}
+g = torch.Generator(device="cuda").manual_seed(0)
+for name, (rows, hidden, inter, layers) in SHAPES.items():
+    ws = [
+        torch.randn(2 * inter, hidden, device="cuda", dtype=torch.bfloat16, generator=g) * hidden**-0.5
+        for _ in range(layers)
+    ]
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, generator=g)
+    nbytes = 2 * inter * hidden * 2
+    ref = fused.silu_mul(F.linear(x, ws[0]))
+    row = {}
+
+    def engine_path():
+        for w in ws:
+            fused.silu_mul(F.linear(x, w))
+
+    us = time_graph(engine_path, layers)
+    row["engine: cuBLAS product + compiled SiLU x up"] = {
+        "us_per_layer": round(us, 2),
+        "tb_per_s": round(nbytes / us / 1e6, 3),
+    }
+    print(name, "engine path", row["engine: cuBLAS product + compiled SiLU x up"], flush=True)
+    for cfg in CONFIGS:
+        key = "block_n={},block_k={},warps={},stages={},swap_ab={}".format(*cfg)
+        try:
+            out = gate_up.gate_up_silu(x, ws[0], cfg)
+            err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+            us = time_graph(lambda cfg=cfg: [gate_up.gate_up_silu(x, w, cfg) for w in ws], layers)
+            row[key] = {
+                "us_per_layer": round(us, 2),
+                "tb_per_s": round(nbytes / us / 1e6, 3),
+                "max_rel_err": err,
+            }
+        except Exception as e:  # noqa: BLE001 - a configuration that does not compile is reported
+            row[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        print(name, key, row[key], flush=True)
+    ok = {k: v["us_per_layer"] for k, v in row.items() if "max_rel_err" in v and v["max_rel_err"] < 2e-2}
+    best[name] = min(ok, key=ok.get)
+    res[name] = row
+    print(name, "best", best[name], row[best[name]], flush=True)
+    del ws
+    torch.cuda.empty_cache()
+res["best"] = best
+json.dump(res, open(f"{out_dir}/gate_up.json", "w"), indent=1)
+
+
+def parse(key):
+    vals = [v.split("=")[1] for v in key.split(",")]
+    return (*map(int, vals[:4]), vals[4] == "True")
+
+
+for name, batch in (("qwen2.5-0.5b", "128"), ("qwen2.5-7b", "64")):
+    gate_up.ENABLED = False
+    bench_engine(
+        [
+            "--device",
+            "cuda",
+            "--model",
+            name,
+            "--batch-sizes",
+            batch,
+            "--hf-batch-sizes",
+            "--new-tokens",
+            "512",
+            "--profile",
+            batch,
+            "--out",
+            f"{out_dir}/off-{name}",
+        ]
+    )
+    gate_up.ENABLED, gate_up.CONFIG = True, parse(best[name])
+    bench_engine(
+        [
+            "--device",
+            "cuda",
+            "--model",
+            name,
+            "--batch-sizes",
+            batch,
+            "--hf-batch-sizes",
+            "--new-tokens",
+            "512",
+            "--profile",
+            batch,
+            "--out",
+            f"{out_dir}/on-{name}",
+        ]
+    )
