@@ -92,102 +92,9 @@ if triton is not None:
         )
 
 
-if triton is not None:
-
-    @triton.jit
-    def _tile_rows(table_ptr, tok, ctx_len, head_off, stride_kb, stride_kt, BLOCK_SIZE: tl.constexpr):
-        """The cache offsets of the context tokens `tok` for one KV head (0 past the context) and their mask."""
-        nmask = tok < ctx_len
-        blk = tl.load(table_ptr + tok // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-        return blk * stride_kb + (tok % BLOCK_SIZE) * stride_kt + head_off, nmask
-
-    @triton.jit
-    def _paged_decode_prefetch_kernel(
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        table_ptr,
-        lens_ptr,
-        out_ptr,
-        stride_qb,
-        stride_qh,
-        stride_kb,
-        stride_kt,
-        stride_kh,
-        stride_tb,
-        stride_ob,
-        stride_oh,
-        scale_log2,
-        GROUP: tl.constexpr,
-        GROUP_PAD: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        IEEE: tl.constexpr,
-    ):
-        """`_paged_decode_kernel` with its loads issued ahead by hand: while a tile's scores are computed, the
-        next tile's keys and values are already on their way and the block ids of the tile after that too, so
-        a program never waits on a block-table read followed by a cache read in series."""
-        b = tl.program_id(0)
-        kvh = tl.program_id(1)
-        ctx_len = tl.load(lens_ptr + b)
-        offs_g = tl.arange(0, GROUP_PAD)
-        offs_d = tl.arange(0, HEAD_DIM)
-        offs_n = tl.arange(0, BLOCK_N)
-        gmask = offs_g < GROUP
-        heads = kvh * GROUP + offs_g
-        table = table_ptr + b * stride_tb
-        head_off = kvh * stride_kh
-        q = tl.load(
-            q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-            mask=gmask[:, None],
-            other=0.0,
-        )
-        row, nmask = _tile_rows(table, offs_n, ctx_len, head_off, stride_kb, stride_kt, BLOCK_SIZE)
-        k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=nmask[:, None], other=0.0)
-        v = tl.load(v_ptr + row[:, None] + offs_d[None, :], mask=nmask[:, None], other=0.0)
-        row_next, mask_next = _tile_rows(
-            table, BLOCK_N + offs_n, ctx_len, head_off, stride_kb, stride_kt, BLOCK_SIZE
-        )
-        m = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
-        denom = tl.zeros((GROUP_PAD,), tl.float32)
-        acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
-        for start in range(0, ctx_len, BLOCK_N):
-            # the next tile's keys and values, and the block ids of the tile after it, issued before the math
-            k_next = tl.load(k_ptr + row_next[:, None] + offs_d[None, :], mask=mask_next[:, None], other=0.0)
-            v_next = tl.load(v_ptr + row_next[:, None] + offs_d[None, :], mask=mask_next[:, None], other=0.0)
-            row_after, mask_after = _tile_rows(
-                table, start + 2 * BLOCK_N + offs_n, ctx_len, head_off, stride_kb, stride_kt, BLOCK_SIZE
-            )
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = tl.where(nmask[None, :], s * scale_log2, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m - m_new)
-            denom = denom * alpha + tl.sum(p, 1)
-            if IEEE:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m = m_new
-            k, v, nmask = k_next, v_next, mask_next
-            row_next, mask_next = row_after, mask_after
-        out = acc / denom[:, None]
-        tl.store(
-            out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=gmask[:, None],
-        )
-
-
 DECODE_BLOCK_N = 128  # context tokens a program reads per iteration (results/engine-step: 128 and 8 warps)
 DECODE_WARPS = 8
 DECODE_STAGES = 2
-DECODE_PREFETCH = False
 
 
 def paged_decode(
@@ -199,7 +106,6 @@ def paged_decode(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """q: [B, H, D]; caches [num_blocks, block_size, KV, D]; block_tables [B, W] int32; context_lens [B] int32."""
     if triton is None:
@@ -211,9 +117,7 @@ def paged_decode(
     group = heads // kv_heads
     out = torch.empty_like(q)
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and q.stride(-1) == 1
-    prefetch = DECODE_PREFETCH if prefetch is None else prefetch
-    kernel = _paged_decode_prefetch_kernel if prefetch else _paged_decode_kernel
-    kernel[(bsz, kv_heads)](
+    _paged_decode_kernel[(bsz, kv_heads)](
         q,
         k_cache,
         v_cache,

@@ -2,6 +2,8 @@
 each layer with its own cache (so nothing stays in L2 from one call to the next), on the decode targets' shapes.
 Then `laminar bench engine` on both targets, with the engine's kernel as it was and with the fastest variant.
 
+    git checkout f8f4adc -- laminar/engine/paged_attention.py     # the kernels as measured (the prefetching
+                                                                  # variant was not kept)
     PYTHONPATH=$PWD python3 results/engine-step/attention-graph/attn_graph.py OUT     # on one GPU
 """
 
