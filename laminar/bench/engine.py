@@ -97,8 +97,8 @@ def bench_engine(
 
 def look_inside_step(engine: Engine, batch: int, steps: int = 5) -> dict:
     """Where a decode step's time goes: the step as `Engine.step` runs it, its CUDA graph replayed alone (the
-    device's share; the rest is the host's), and the device time of each kernel name per step (torch
-    profiler)."""
+    device's share), the host's busy time a step (the step less its wait for the device's tokens), and the device
+    time of each kernel name per step (torch profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     runner = engine.runner
@@ -113,6 +113,24 @@ def look_inside_step(engine: Engine, batch: int, steps: int = 5) -> dict:
             graph.replay()  # same inputs each time: rewrites one KV slot, reads the same context
         torch.cuda.synchronize()
         out["graph_replay_ms"] = 1e3 * (time.perf_counter() - t) / 20
+    # the host's share: each step's time less what it spent waiting for the device's tokens
+    waited, collect = 0.0, runner.collect
+
+    def timed_collect(step):
+        nonlocal waited
+        t = time.perf_counter()
+        got = collect(step)
+        waited += time.perf_counter() - t
+        return got
+
+    runner.collect = timed_collect
+    t = time.perf_counter()
+    for _ in range(4 * steps):
+        engine.step()
+    elapsed = time.perf_counter() - t
+    del runner.collect  # the class's own again
+    out["timed_step_ms"] = 1e3 * elapsed / (4 * steps)
+    out["host_busy_ms"] = 1e3 * (elapsed - waited) / (4 * steps)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
     with profile(activities=acts) as prof:
         t = time.perf_counter()
@@ -156,7 +174,8 @@ def bench_hf(model, batch: int, prompt_len: int, new_tokens: int, vocab: int, de
 def print_inside(name: str, batch: int, step_ms: float, inside: dict) -> None:
     print(
         f"[{name}] inside a decode step at batch {batch}: step {step_ms:.3f} ms, graph replayed alone "
-        f"{inside.get('graph_replay_ms', float('nan')):.3f} ms, kernels {inside['device_us_per_step']:.0f} us",
+        f"{inside.get('graph_replay_ms', float('nan')):.3f} ms, kernels {inside['device_us_per_step']:.0f} us, "
+        f"the host busy {inside['host_busy_ms']:.3f} ms of a {inside['timed_step_ms']:.3f} ms step",
         flush=True,
     )
     for k in inside["kernels"][:25]:

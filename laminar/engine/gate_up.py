@@ -23,7 +23,8 @@ except ImportError:  # CPU-only install
 WIDE = (32, 128, 4, 4, False)
 NARROW = (64, 64, 8, 4, True)
 WIDE_FROM = 8192  # intermediate sizes from this one on take WIDE
-MAX_ROWS = 512  # decode batches up to this many rows use the kernel; larger ones (prefill) use the product
+MAX_ROWS = 128  # batches up to this many rows use the kernel (measured up to 128; at 256 rows the product and
+# a separate SiLU were faster); larger ones, prefill among them, use the product
 MAX_BLOCK_M = 128  # batch rows a program takes (larger batches: more programs, each weight tile read again)
 ENABLED = True
 
@@ -111,6 +112,7 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, config: tuple | None = N
     rows, k = x.shape
     inter = weight.shape[0] // 2
     block_n, block_k, warps, stages, swap = config or (WIDE if inter >= WIDE_FROM else NARROW)
+    block_k //= x.element_size() // 2  # float32 tiles: as many bytes as bf16's, within shared memory
     while k % block_k:
         block_k //= 2
     assert x.stride(-1) == 1 and weight.stride(-1) == 1 and weight.shape[1] == k

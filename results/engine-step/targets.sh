@@ -18,3 +18,4 @@ for run in 2 3; do
   bench run$run-0.5b qwen2.5-0.5b 128
   bench run$run-7b qwen2.5-7b 64
 done
+bench profile-0.5b qwen2.5-0.5b 128 --profile 128   # inside the 0.5B step: kernels, graph alone, the host's share
