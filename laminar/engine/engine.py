@@ -322,33 +322,38 @@ class Engine:
         preempting anyone. Otherwise None, and the next `step` schedules as usual."""
         if self.scheduler.waiting:
             return None
-        seqs, lens = [], []
-        for s, n in zip(step.seqs, step.ctx_lens):
+        seqs, lens, rows, need, bs = [], [], [], 0, self.blocks.block_size
+        for i, (s, n) in enumerate(zip(step.seqs, step.ctx_lens)):
             if self._live(s, n) and s.num_output + 1 < s.params.max_new_tokens and n + 1 < self.max_model_len:
                 seqs.append(s)
                 lens.append(n + 1)
+                rows.append(i)
+                need += max(0, -(-(n + 1) // bs) - len(s.block_table))
         if not seqs:
             return None
-        sb = self._sampling(seqs, lens)
-        need = sum(max(0, self.blocks.blocks_for(n) - len(s.block_table)) for s, n in zip(seqs, lens))
+        sb = step.sampling.advance(rows)
         if sb.filtered or need > len(self.blocks.free):
             return None
-        for s, n in zip(seqs, lens):
-            self.blocks.allocate(s, n)
+        if need:
+            for s, n in zip(seqs, lens):
+                self.blocks.allocate(s, n)
         self.queued_ahead += 1
         return self.runner.launch_decode(seqs, lens, sb, after=step)
 
     def _collect(self, step: Launched) -> StepOutput:
         """Wait for a decode step and record its tokens for the rows still live (see `_launch_next`)."""
         tokens, logprobs = self.runner.collect(step)
-        rows = [i for i, (s, n) in enumerate(zip(step.seqs, step.ctx_lens)) if self._live(s, n)]
-        seqs = [step.seqs[i] for i in rows]
+        seqs, kept_tokens, kept_logprobs = [], [], []
+        for s, n, tok, lp in zip(step.seqs, step.ctx_lens, tokens, logprobs):
+            if self._live(s, n):
+                s.num_cached = n
+                seqs.append(s)
+                kept_tokens.append(tok)
+                kept_logprobs.append(lp)
         self.decode_steps += 1
-        self.dropped_rows += len(step.seqs) - len(rows)
-        for i, s in zip(rows, seqs):
-            s.num_cached = step.ctx_lens[i]
-        out = StepOutput(is_prefill=False, num_tokens=len(rows))
-        return self._record(seqs, [tokens[i] for i in rows], [logprobs[i] for i in rows], out)
+        self.dropped_rows += len(step.seqs) - len(seqs)
+        out = StepOutput(is_prefill=False, num_tokens=len(seqs))
+        return self._record(seqs, kept_tokens, kept_logprobs, out)
 
     def _live(self, seq: Sequence, ctx_len: int) -> bool:
         """Whether a decode row queued for `seq` at context length `ctx_len` still counts: the request is here,

@@ -20,11 +20,12 @@ from laminar.engine.sequence import MovedKV, Sequence
 
 @dataclass
 class Launched:
-    """A decode step queued on the device: its rows, each row's context length, and its samples (device
-    tensors; on CUDA also pinned host copies on their way, done when `event` is)."""
+    """A decode step queued on the device: its rows, each row's context length, their sampling inputs, and its
+    samples (device tensors; on CUDA also pinned host copies on their way, done when `event` is)."""
 
     seqs: list[Sequence]
     ctx_lens: list[int]
+    sampling: SamplingBatch
     tokens: torch.Tensor
     logprobs: torch.Tensor
     host_tokens: torch.Tensor | None = None
@@ -209,16 +210,29 @@ class ModelRunner:
         if graph_bs:  # two pinned buffers in turn: the other may still feed the step before this one
             self._turn ^= 1
             st = self._stagings[self._turn]
+            st.fill_padding(rows, self.scratch_block, self.block_size, start=bsz)
         else:
             st = _Staging(rows, self.max_blocks, pinned=False)
-        st.fill_padding(rows, self.scratch_block, self.block_size)
+            st.fill_padding(rows, self.scratch_block, self.block_size)
         bs = self.block_size
-        src = {id(s): i for i, s in enumerate(after.seqs)} if after is not None else None
-        for i, (s, n) in enumerate(zip(seqs, ctx_lens)):
-            st.ids[i] = src[id(s)] if src is not None else s.token_ids[n - 1]
-            st.pos[i], st.lens[i] = n - 1, n
-            st.slots[i] = s.block_table[(n - 1) // bs] * bs + (n - 1) % bs
-            st.tables[i, : len(s.block_table)] = s.block_table
+        if after is not None:
+            src = {id(s): i for i, s in enumerate(after.seqs)}
+            st.ids[:bsz] = [src[id(s)] for s in seqs]
+        else:
+            st.ids[:bsz] = [s.token_ids[n - 1] for s, n in zip(seqs, ctx_lens)]
+        lens = np.fromiter(ctx_lens, np.int64, bsz)
+        st.pos[:bsz], st.lens[:bsz] = lens - 1, lens
+        st.slots[:bsz] = [s.block_table[(n - 1) // bs] * bs + (n - 1) % bs for s, n in zip(seqs, ctx_lens)]
+        tables, held, held_len = st.tables, st.held, st.held_len
+        for i, s in enumerate(seqs):  # entries past a row's blocks are never read (its length masks them)
+            table = s.block_table  # only ever appended to, or replaced by a new list
+            if held[i] is table:  # this buffer's row has the table's first held_len[i] entries already
+                if held_len[i] != len(table):
+                    tables[i, held_len[i] : len(table)] = table[held_len[i] :]
+            else:
+                tables[i, : len(table)] = table
+                held[i] = table
+            held_len[i] = len(table)
         st.keys[:bsz], st.temps[:bsz] = sb.keys, sb.temperatures
         if graph_bs:
             self.static_in.copy_(st.buf, non_blocking=True)
@@ -243,12 +257,12 @@ class ModelRunner:
             )
             hidden = self.model(dev.ids, self.cos_sin[dev.pos], self.k_cache, self.v_cache, ctx)
             tokens, logprobs = self._sample(self.model.logits(hidden), sb)
-        return self._launched(seqs, ctx_lens, tokens[:bsz], logprobs[:bsz])
+        return self._launched(seqs, ctx_lens, sb, tokens[:bsz], logprobs[:bsz])
 
-    def _launched(self, seqs, ctx_lens, tokens: torch.Tensor, logprobs: torch.Tensor) -> Launched:
+    def _launched(self, seqs, ctx_lens, sb, tokens: torch.Tensor, logprobs: torch.Tensor) -> Launched:
         """On CUDA the results start for pinned host memory now, before a later step can overwrite them."""
         if self.device.type != "cuda":
-            return Launched(seqs, ctx_lens, tokens, logprobs)
+            return Launched(seqs, ctx_lens, sb, tokens, logprobs)
         n = len(seqs)
         self._out_turn ^= 1
         host_t, host_lp = (x[:n] for x in self._host_out[self._out_turn])
@@ -259,7 +273,7 @@ class ModelRunner:
         host_lp.copy_(logprobs, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return Launched(seqs, ctx_lens, tokens, logprobs, host_t, host_lp, event)
+        return Launched(seqs, ctx_lens, sb, tokens, logprobs, host_t, host_lp, event)
 
     @staticmethod
     def collect(step: Launched) -> tuple[list[int], list[float]]:
@@ -295,9 +309,9 @@ class ModelRunner:
         sizes = [b for b in GRAPH_BATCH_SIZES if b < self.max_num_seqs] + [self.max_num_seqs]
         n = max(sizes)
         self._stagings = [_Staging(n, self.max_blocks, pinned=True) for _ in range(2)]
+        for staging in self._stagings:
+            staging.fill_padding(n, self.scratch_block, self.block_size)
         staging = self._stagings[0]
-        staging.fill_padding(n, self.scratch_block, self.block_size)
-        staging.temps[:] = 1.0
         self.static_in = staging.buf.to(self.device)
         self._static = dev = _Staging.to_device(staging, self.device, self.static_in)
         pool = None
@@ -338,13 +352,19 @@ class _Staging:
         self.tables = view[5 * n : 5 * n + n * width].reshape(n, width)
         tail = view[5 * n + n * width :]
         self.temps = tail.view(torch.float32)[:n] if buf is not None else tail.view(np.float32)[:n]
+        self.held: list[list[int] | None] = [
+            None
+        ] * n  # each row's block table as last written, and its length
+        self.held_len = [0] * n
 
-    def fill_padding(self, rows: int, scratch_block: int, block_size: int) -> None:
-        """Rows past the batch read and write only the scratch block."""
-        self.ids[:rows], self.pos[:rows], self.lens[:rows] = 0, 0, 1
-        self.slots[:rows] = scratch_block * block_size
-        self.tables[:rows] = scratch_block
-        self.temps[:rows] = 1.0
+    def fill_padding(self, rows: int, scratch_block: int, block_size: int, start: int = 0) -> None:
+        """Rows start..rows-1, past the batch, read and write only the scratch block. A buffer used again keeps
+        its batch rows' old table entries past their blocks: valid block ids, and never read."""
+        self.ids[start:rows], self.pos[start:rows], self.lens[start:rows] = 0, 0, 1
+        self.slots[start:rows] = scratch_block * block_size
+        self.tables[start:rows] = scratch_block
+        self.temps[start:rows] = 1.0
+        self.held[start:rows] = [None] * (rows - start)
 
     @staticmethod
     def to_device(st: _Staging, device: torch.device, dst: torch.Tensor | None = None) -> _Staging:

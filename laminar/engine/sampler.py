@@ -154,14 +154,30 @@ class SamplingBatch:
     top_k: np.ndarray  # int64
     top_p: np.ndarray  # float32
     filtered: bool  # some row uses top-k or top-p
+    request_keys: np.ndarray  # int64, and the positions the keys mix in: what `advance` moves on from
+    positions: np.ndarray
 
     @classmethod
     def of(cls, params: list, request_keys: list[int], positions: list[int]) -> SamplingBatch:
         top_k = np.array([p.top_k for p in params], dtype=np.int64)
         top_p = np.array([p.top_p for p in params], dtype=np.float32)
-        keys = row_keys(np.array(request_keys, dtype=np.int64), np.array(positions, dtype=np.int64))
+        req, pos = np.array(request_keys, dtype=np.int64), np.array(positions, dtype=np.int64)
         temps = np.array([p.temperature for p in params], dtype=np.float32)
-        return cls(temps, keys, top_k, top_p, bool((top_k > 0).any() or (top_p < 1).any()))
+        return cls(temps, row_keys(req, pos), top_k, top_p, _filtered(top_k, top_p), req, pos)
+
+    def advance(self, rows: list[int]) -> SamplingBatch:
+        """The next decode step's batch for `rows` of this one, each a position further: what `of` gives for the
+        same requests, without reading their parameters again."""
+        idx = slice(None) if len(rows) == len(self.keys) else np.asarray(rows)
+        top_k, top_p, req = self.top_k[idx], self.top_p[idx], self.request_keys[idx]
+        pos = self.positions[idx] + 1
+        return SamplingBatch(
+            self.temperatures[idx], row_keys(req, pos), top_k, top_p, _filtered(top_k, top_p), req, pos
+        )
+
+
+def _filtered(top_k: np.ndarray, top_p: np.ndarray) -> bool:
+    return bool((top_k > 0).any() or (top_p < 1).any())
 
 
 if triton is not None:
