@@ -110,19 +110,26 @@ class Supervisor:
         fleet, t = self.fleet, self.watch.timeout_s
         self.factory, self.buffer, fleet.master_node = factory, factory.buffer, master_node
         handles = {rid: factory.replica(rid) for rid in range(replicas)}
-        nodes = await asyncio.wait_for(asyncio.gather(*[h.node_id.remote() for h in handles.values()]), t)
+        nodes = await _within(
+            "rollout replicas placed",
+            [h.node_id.remote() for h in handles.values()],
+            t,
+            "Ray found no room for them: the cluster lacks the CPUs or GPUs that rollout.num_cpus and "
+            "rollout.num_gpus ask of each replica",
+        )
         fleet.relays = [master]
         for node in dict.fromkeys(nodes):  # one relay per machine that hosts rollouts, in first-seen order
             fleet.relay_of_node[node] = factory.relay(node, f"relay-{len(fleet.relay_of_node)}")
             fleet.relays.append(fleet.relay_of_node[node])
         # Layouts are engine objects: every relay imports the engine now, not during the first publish.
-        await asyncio.wait_for(asyncio.gather(*[factory.ready(r) for r in fleet.relays]), t)
+        await _within("relays ready", [factory.ready(r) for r in fleet.relays], t, "")
         await self.relink()
-        await asyncio.wait_for(
-            asyncio.gather(
-                *[h.start.remote(fleet.relay_of_node[n]) for h, n in zip(handles.values(), nodes)]
-            ),
+        await _within(
+            "rollout replicas started",
+            [h.start.remote(fleet.relay_of_node[n]) for h, n in zip(handles.values(), nodes)],
             t,
+            "each replica loads the model, warms up its engine and captures its CUDA graphs (compiling its "
+            "kernels the first time on a machine); where that is slow, a larger run.timeout_s lets it finish",
         )
         fleet.handles, fleet.node_of_replica = handles, dict(zip(handles, nodes))
 
@@ -378,3 +385,18 @@ class Supervisor:
         fleet.master_node = node
         await self._new_relay(node, master=True)
         return list(fleet.relays)
+
+
+async def _within(what: str, waits: list, timeout_s: float, hint: str) -> list:
+    """Every one of `waits` (Ray object refs or coroutines), or a TimeoutError that says how many of them were
+    still missing after `timeout_s` and what the wait covers."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    if pending:
+        for task in pending:
+            task.cancel()
+        raise TimeoutError(
+            f"{what}: {len(pending)} of {len(tasks)} not done after run.timeout_s = {timeout_s:g} s"
+            + (f"; {hint}" if hint else "")
+        )
+    return [task.result() for task in tasks]
