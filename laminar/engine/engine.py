@@ -322,21 +322,23 @@ class Engine:
         preempting anyone. Otherwise None, and the next `step` schedules as usual."""
         if self.scheduler.waiting:
             return None
-        seqs, lens, rows, need, bs = [], [], [], 0, self.blocks.block_size
+        seqs, lens, rows, grow, need, bs = [], [], [], [], 0, self.blocks.block_size
         for i, (s, n) in enumerate(zip(step.seqs, step.ctx_lens)):
             if self._live(s, n) and s.num_output + 1 < s.params.max_new_tokens and n + 1 < self.max_model_len:
                 seqs.append(s)
                 lens.append(n + 1)
                 rows.append(i)
-                need += max(0, -(-(n + 1) // bs) - len(s.block_table))
+                more = -(-(n + 1) // bs) - len(s.block_table)  # blocks the next token needs
+                if more > 0:
+                    grow.append((s, n + 1))
+                    need += more
         if not seqs:
             return None
         sb = step.sampling.advance(rows)
         if sb.filtered or need > len(self.blocks.free):
             return None
-        if need:
-            for s, n in zip(seqs, lens):
-                self.blocks.allocate(s, n)
+        for s, n in grow:
+            self.blocks.allocate(s, n)
         self.queued_ahead += 1
         return self.runner.launch_decode(seqs, lens, sb, after=step)
 

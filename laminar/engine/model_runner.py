@@ -223,16 +223,7 @@ class ModelRunner:
         lens = np.fromiter(ctx_lens, np.int64, bsz)
         st.pos[:bsz], st.lens[:bsz] = lens - 1, lens
         st.slots[:bsz] = [s.block_table[(n - 1) // bs] * bs + (n - 1) % bs for s, n in zip(seqs, ctx_lens)]
-        tables, held, held_len = st.tables, st.held, st.held_len
-        for i, s in enumerate(seqs):  # entries past a row's blocks are never read (its length masks them)
-            table = s.block_table  # only ever appended to, or replaced by a new list
-            if held[i] is table:  # this buffer's row has the table's first held_len[i] entries already
-                if held_len[i] != len(table):
-                    tables[i, held_len[i] : len(table)] = table[held_len[i] :]
-            else:
-                tables[i, : len(table)] = table
-                held[i] = table
-            held_len[i] = len(table)
+        st.write_tables([s.block_table for s in seqs])
         st.keys[:bsz], st.temps[:bsz] = sb.keys, sb.temperatures
         if graph_bs:
             self.static_in.copy_(st.buf, non_blocking=True)
@@ -365,6 +356,20 @@ class _Staging:
         self.tables[start:rows] = scratch_block
         self.temps[start:rows] = 1.0
         self.held[start:rows] = [None] * (rows - start)
+
+    def write_tables(self, block_tables: list[list[int]]) -> None:
+        """Row i's block table, written only where this buffer does not hold it yet. A sequence's table is only
+        ever appended to or replaced by a new list, so a row that holds the same list needs only its new
+        entries. Entries past a row's blocks are left as they are: never read (the row's length masks them)."""
+        tables, held, held_len = self.tables, self.held, self.held_len
+        for i, table in enumerate(block_tables):
+            if held[i] is table:
+                if held_len[i] != len(table):
+                    tables[i, held_len[i] : len(table)] = table[held_len[i] :]
+            else:
+                tables[i, : len(table)] = table
+                held[i] = table
+            held_len[i] = len(table)
 
     @staticmethod
     def to_device(st: _Staging, device: torch.device, dst: torch.Tensor | None = None) -> _Staging:
