@@ -85,6 +85,9 @@ class RolloutConfig:
     heartbeat_s: float = 1.0
     dead_after_s: float = 15.0  # a replica or relay that does not answer for this long is replaced
     max_failures_in_a_row: int = 3  # replica loops raising the same error this often stop the run with it
+    # longest a replica's start may take: the model loaded, the engine warmed up, its CUDA graphs captured (and
+    # on a machine's first run its kernels compiled, several replicas at once)
+    start_timeout_s: float = 600.0
     placement: str = "pack"  # pack: Ray's default (fill the driver's machine first); spread: across machines
     # each decode step queued before the last one's tokens reach the host: auto (where decode runs as CUDA
     # graphs) | on | off
@@ -437,6 +440,9 @@ def validate(cfg: Config) -> None:
     _check(r.pipeline in ("auto", "on", "off"), "rollout.pipeline", r.pipeline, "auto, on or off")
     _check(
         r.max_failures_in_a_row >= 1, "rollout.max_failures_in_a_row", r.max_failures_in_a_row, "at least 1"
+    )
+    _check(
+        r.start_timeout_s > 0, "rollout.start_timeout_s", r.start_timeout_s, "a positive number of seconds"
     )
     _check(t.steps >= 1, "trainer.steps", t.steps, "at least 1")
     _check(t.groups_per_step >= 1, "trainer.groups_per_step", t.groups_per_step, "at least 1")

@@ -44,7 +44,9 @@ class RolloutManager:
         r = cfg.rollout
         self.fleet = Fleet(t0)
         self.dispatcher = Dispatcher(self.fleet, prompt_pool, schedule.dispatch)
-        watch = Watch(r.heartbeat_s, r.dead_after_s, cfg.run.timeout_s, r.max_failures_in_a_row)
+        watch = Watch(
+            r.heartbeat_s, r.dead_after_s, cfg.run.timeout_s, r.max_failures_in_a_row, r.start_timeout_s
+        )
         self.supervisor = Supervisor(
             self.fleet, partial_pool, sampling_of(cfg), cfg.run.seed, watch, on_fatal=self.dispatcher.wake
         )

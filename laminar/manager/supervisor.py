@@ -81,8 +81,9 @@ def lost_calls(items: list[tuple[Any, Any]]) -> int:
 class Watch:
     heartbeat_s: float = 1.0  # the watch period
     dead_after_s: float = 15.0  # no answer for this long: dead
-    timeout_s: float = 120.0  # longest a start or a relink may take
+    timeout_s: float = 120.0  # longest a placement, a relay's start or a relink may take
     max_failures_in_a_row: int = 3  # the same replica error this often stops the run
+    start_timeout_s: float = 600.0  # longest a replica's start may take (model, engine warm-up, CUDA graphs)
 
 
 class Supervisor:
@@ -127,9 +128,11 @@ class Supervisor:
         await _within(
             "rollout replicas started",
             [h.start.remote(fleet.relay_of_node[n]) for h, n in zip(handles.values(), nodes)],
-            t,
+            self.watch.start_timeout_s,
             "each replica loads the model, warms up its engine and captures its CUDA graphs (compiling its "
-            "kernels the first time on a machine); where that is slow, a larger run.timeout_s lets it finish",
+            "kernels the first time on a machine); where that is slow, a larger rollout.start_timeout_s lets "
+            "it finish",
+            setting="rollout.start_timeout_s",
         )
         fleet.handles, fleet.node_of_replica = handles, dict(zip(handles, nodes))
 
@@ -213,7 +216,7 @@ class Supervisor:
                 node = await asyncio.wait_for(new.node_id.remote(), self.watch.timeout_s)
                 fleet.node_of_replica[new_id] = node
                 relay = fleet.relay_of_node.get(node) or await self._new_relay(node)
-                await asyncio.wait_for(new.start.remote(relay), self.watch.timeout_s)
+                await asyncio.wait_for(new.start.remote(relay), self.watch.start_timeout_s)
             except (TimeoutError, ray.exceptions.RayError, MachineLost) as e:
                 ray.kill(new)
                 last = e
@@ -387,16 +390,18 @@ class Supervisor:
         return list(fleet.relays)
 
 
-async def _within(what: str, waits: list, timeout_s: float, hint: str) -> list:
+async def _within(
+    what: str, waits: list, timeout_s: float, hint: str, setting: str = "run.timeout_s"
+) -> list:
     """Every one of `waits` (Ray object refs or coroutines), or a TimeoutError that says how many of them were
-    still missing after `timeout_s` and what the wait covers."""
+    still missing after `timeout_s` (the config field `setting`) and what the wait covers."""
     tasks = [asyncio.ensure_future(w) for w in waits]
     done, pending = await asyncio.wait(tasks, timeout=timeout_s)
     if pending:
         for task in pending:
             task.cancel()
         raise TimeoutError(
-            f"{what}: {len(pending)} of {len(tasks)} not done after run.timeout_s = {timeout_s:g} s"
+            f"{what}: {len(pending)} of {len(tasks)} not done after {setting} = {timeout_s:g} s"
             + (f"; {hint}" if hint else "")
         )
     return [task.result() for task in tasks]

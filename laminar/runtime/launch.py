@@ -193,8 +193,10 @@ class Runtime:
             what=f"starting {r.replicas} rollout replicas and the relay chain (each replica loads the model and "
             "warms up its engine" + (", capturing CUDA graphs)" if cuda else ")"),
         )
+        # placement, the relays and the chain each within run.timeout_s, the replicas' start within its own
         rt.relays = ray.get(
-            rt.manager.start.remote(factory, master, trainer_node, r.replicas), timeout=cfg.run.timeout_s * 2
+            rt.manager.start.remote(factory, master, trainer_node, r.replicas),
+            timeout=3 * cfg.run.timeout_s + r.start_timeout_s,
         )
         rt.replicas = ray.get(rt.manager.live_replicas.remote(), timeout=cfg.run.timeout_s)
         recorder.log("phase", what="waiting for the trainer's policy")
