@@ -155,6 +155,11 @@ class Engine:
             )
 
     def _admit(self, seq: Sequence) -> None:
+        p = seq.params
+        seq.watch_tokens = frozenset(
+            (*p.stop_token_ids, *p.park_token_ids, *(() if p.ignore_eos else self.eos))
+        )
+        seq.limit = min(seq.num_prompt_tokens + p.max_new_tokens, self.max_model_len)
         self._seqs[seq.request_id] = seq
         self._keys[seq.request_id] = request_key(seq.params.seed, seq.request_id)
         self.scheduler.waiting.append(seq)
@@ -323,8 +328,10 @@ class Engine:
         if self.scheduler.waiting:
             return None
         seqs, lens, rows, grow, need, bs = [], [], [], [], 0, self.blocks.block_size
+        live = self._seqs
         for i, (s, n) in enumerate(zip(step.seqs, step.ctx_lens)):
-            if self._live(s, n) and s.num_output + 1 < s.params.max_new_tokens and n + 1 < self.max_model_len:
+            # still here as read (`_live`), and one more token will not reach its length limit (`limit`)
+            if live.get(s.request_id) is s and not s.parked and len(s.token_ids) == n and n + 1 < s.limit:
                 seqs.append(s)
                 lens.append(n + 1)
                 rows.append(i)
@@ -345,9 +352,9 @@ class Engine:
     def _collect(self, step: Launched) -> StepOutput:
         """Wait for a decode step and record its tokens for the rows still live (see `_launch_next`)."""
         tokens, logprobs = self.runner.collect(step)
-        seqs, kept_tokens, kept_logprobs = [], [], []
+        seqs, kept_tokens, kept_logprobs, live = [], [], [], self._seqs
         for s, n, tok, lp in zip(step.seqs, step.ctx_lens, tokens, logprobs):
-            if self._live(s, n):
+            if live.get(s.request_id) is s and not s.parked and len(s.token_ids) == n:  # `_live`, inlined
                 s.num_cached = n
                 seqs.append(s)
                 kept_tokens.append(tok)
@@ -364,11 +371,14 @@ class Engine:
 
     def _record(self, seqs, tokens: list[int], logprobs: list[float], out: StepOutput) -> StepOutput:
         """Append each sequence's sampled token; finish or park those it ends."""
+        version, new_tokens = self.version, out.new_tokens
         for seq, tok, lp in zip(seqs, tokens, logprobs):
             seq.token_ids.append(tok)
             seq.logprobs.append(lp)
-            seq.token_versions.append(self.version)
-            out.new_tokens[seq.request_id] = [tok]
+            seq.token_versions.append(version)
+            new_tokens[seq.request_id] = [tok]
+            if tok not in seq.watch_tokens and len(seq.token_ids) < seq.limit:
+                continue  # neither ends nor parks it (`_admit`)
             reason = self._finish_reason(seq, tok)
             if reason:
                 out.finished.append(self._finish(seq, reason))

@@ -29,6 +29,10 @@ class Sequence:
     # the first request with the same prompt: once it has computed the prompt, this one starts from its full
     # blocks and prefills only the rest (one prefill per group); None = prefill alone
     share_from: Sequence | None = None
+    # set by the engine on admission, so a decode step checks each row with one set lookup and one comparison:
+    # the tokens that end or park it, and the length at which it ends (0: check every step in full)
+    watch_tokens: frozenset[int] = frozenset()
+    limit: int = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)
