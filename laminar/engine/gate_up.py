@@ -4,7 +4,7 @@ written in between.
 A decode step's MLP was a matrix product into [M, 2 x intermediate], then an elementwise kernel reading it back;
 here each program streams its rows of the gate and up weights, multiplies them with the batch's activations,
 and writes only the gated result. The rounding follows the unfused path: the two products rounded to the model
-dtype, silu rounded, then the product. Imported lazily: CPU machines need no Triton.
+dtype, silu rounded, then the product. Triton is optional: CPU machines need none.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ WIDE_FROM = 8192  # intermediate sizes from this one on take WIDE
 MAX_ROWS = 128  # batches up to this many rows use the kernel (measured up to 128; at 256 rows the product and
 # a separate SiLU were faster); larger ones, prefill among them, use the product
 MAX_BLOCK_M = 128  # batch rows a program takes (larger batches: more programs, each weight tile read again)
-ENABLED = True
+ENABLED = True  # off: the product and a separate SiLU (how results/engine-step/gate-up measures both)
 
 
 def supported(hidden: int, intermediate: int) -> bool:
