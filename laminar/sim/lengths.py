@@ -37,6 +37,7 @@ class LengthConfig:
     empirical_path: str = ""
     num_prompts: int = 4096  # bench: rows of the length-controlled dataset (`task.num_prompts`)
     workload_seed: int = 0  # bench: the dataset's seed (`task.seed`); the pool's order follows the run's seed
+    lengths_file: str = ""  # bench: the run's `task.lengths_file` (response lengths drawn from it), if any
     # the tool workload (`task.tool_calls_mean` and its siblings): each response cut into turns by tool calls,
     # placed as the runtime's `LengthWorkload.tool_script` places them; 0 = single-turn responses
     tool_calls_mean: float = 0.0
@@ -71,6 +72,7 @@ class LengthConfig:
             max_response=cfg.rollout.max_new_tokens,
             num_prompts=t.num_prompts,
             workload_seed=t.seed,
+            lengths_file=t.lengths_file,
             tool_calls_mean=t.tool_calls_mean,
             tool_calls_min=t.tool_calls_min,
             tool_latency_median_s=t.tool_latency_median_s,
@@ -88,6 +90,7 @@ class LengthConfig:
             p99_ratio=self.p99_over_median,
             max_len=self.max_response,
             seed=self.workload_seed,
+            lengths_file=self.lengths_file,
             tool_calls_mean=self.tool_calls_mean,
             tool_calls_min=self.tool_calls_min,
             tool_latency_median_s=self.tool_latency_median_s,

@@ -171,3 +171,28 @@ def test_the_bench_replay_draws_the_runtimes_own_rows_call_for_call(tiny_model_d
     ]
     assert [r["sampling"] for r in runtime] == [r["sampling"] for r in simulated]
     assert max(len(r["tool_script"]["calls_at"]) for r in runtime if "tool_script" in r) == 3
+
+
+def test_the_bench_replay_of_a_run_with_a_lengths_file_draws_from_that_file(tiny_model_dir, tmp_path):
+    """A run whose response lengths come from `task.lengths_file` is replayed with the same lengths, not with
+    the lognormal law the file replaces."""
+    from laminar.config import load_config
+    from laminar.data.dataset import train_rows
+
+    lengths_file = tmp_path / "lengths.txt"
+    lengths_file.write_text("\n".join(str(n) for n in (3, 17, 250, 900)) + "\n")
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            "task.name=lengths",
+            f"task.lengths_file={lengths_file}",
+            "task.num_prompts=64",
+            "rollout.max_new_tokens=512",
+        ],
+    )
+    runtime = train_rows(cfg)
+    simulated = LengthConfig.from_task(cfg).workload().rows(cfg.task.num_prompts)
+    assert [r["sampling"] for r in runtime] == [r["sampling"] for r in simulated]
+    drawn = {r["sampling"]["max_new_tokens"] for r in runtime}
+    assert drawn <= {3, 17, 250, 512} and len(drawn) > 1  # the file's lengths, capped at max_new_tokens
