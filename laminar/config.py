@@ -415,6 +415,12 @@ def validate(cfg: Config) -> None:
         "a positive number of seconds",
     )
     _check(cfg.task.length_median >= 1, "task.length_median", cfg.task.length_median, "at least 1 token")
+    _check(
+        not cfg.task.lengths_file or Path(cfg.task.lengths_file).is_file(),
+        "task.lengths_file",
+        cfg.task.lengths_file,
+        "an existing file of response lengths, one integer per line (or empty: lognormal lengths)",
+    )
     _check(cfg.task.length_p99_ratio >= 1, "task.length_p99_ratio", cfg.task.length_p99_ratio, "at least 1")
     _check(
         cfg.task.length_prompt_words >= 1,

@@ -46,6 +46,8 @@ def test_yaml_then_overrides(tmp_path):
         ("trainer.num_workers=2 trainer.num_gpus=0.5", ["trainer.num_gpus=0.5", "no two ranks share a GPU"]),
         ("buffer.capacity_groups=8", ["buffer.capacity_groups", "0 (three trainer steps)", "(16)"]),
         ("rollout.pipeline=sometimes", ["rollout.pipeline", "auto, on or off"]),
+        ("task.lengths_file=/no/such/file", ["task.lengths_file", "one integer per line"]),
+        ("rollout.start_timeout_s=0", ["rollout.start_timeout_s", "a positive number of seconds"]),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_valid(override, names):
