@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The embedded task's learning run on one GPU with the trainer's decoder layers compiled (`trainer.compile=true`,
 # which takes effect on CUDA only), then the same run eager: rewards over steps for both (results/compile-curve).
-# Carries the slim Ray wheels:  run with carry [".carry/min"], OUT set by the device tool.
-#   bash configs/gpu-compile-curve.sh [OVERRIDES...]
+# Carries the slim wheel set (`bash configs/slim-wheels.sh`): carry [".carry/wheels"], OUT set by the device tool.
+#   WHEELS=.carry/wheels bash configs/gpu-compile-curve.sh [OVERRIDES...]
+# A fresh machine compiles each replica's kernels at its first start: give it time (rollout.start_timeout_s).
 set -uo pipefail
 out=${OUT:-runs/compile-curve}; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/min/*.whl 2>/dev/null
+bash configs/device-setup.sh
 export PYTHONPATH=/tmp/site:$PWD RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader
 for compile in true false; do
