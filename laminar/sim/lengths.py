@@ -64,21 +64,28 @@ class LengthConfig:
     def from_task(cls, cfg: Any) -> LengthConfig:
         """`kind: bench` for the length-controlled workload a run's config names (`task.name=lengths`): the
         simulator then replays that run's own rows (`workload`)."""
-        t = cfg.task
+        from laminar.data.lengths import LengthWorkload
+
+        return cls.of_workload(LengthWorkload.from_task(cfg), cfg.task.num_prompts)
+
+    @classmethod
+    def of_workload(cls, w: Any, num_prompts: int) -> LengthConfig:
+        """`kind: bench` replaying the runtime's workload `w` (a `LengthWorkload`) over its first `num_prompts`
+        rows; `workload` gives `w` back but for its prompt words, which no length depends on."""
         return cls(
             kind="bench",
-            median=t.length_median,
-            p99_over_median=t.length_p99_ratio,
-            max_response=cfg.rollout.max_new_tokens,
-            num_prompts=t.num_prompts,
-            workload_seed=t.seed,
-            lengths_file=t.lengths_file,
-            tool_calls_mean=t.tool_calls_mean,
-            tool_calls_min=t.tool_calls_min,
-            tool_latency_median_s=t.tool_latency_median_s,
-            tool_latency_p99_ratio=t.tool_latency_p99_ratio,
-            tool_output_tokens=t.tool_output_tokens,
-            tool_max_calls=t.max_turns,
+            median=w.median,
+            p99_over_median=w.p99_ratio,
+            max_response=w.max_len,
+            num_prompts=num_prompts,
+            workload_seed=w.seed,
+            lengths_file=w.lengths_file,
+            tool_calls_mean=w.tool_calls_mean,
+            tool_calls_min=w.tool_calls_min,
+            tool_latency_median_s=w.tool_latency_median_s,
+            tool_latency_p99_ratio=w.tool_latency_p99_ratio,
+            tool_output_tokens=w.tool_output_tokens,
+            tool_max_calls=w.max_calls,
         )
 
     def workload(self) -> Any:

@@ -196,3 +196,29 @@ def test_the_bench_replay_of_a_run_with_a_lengths_file_draws_from_that_file(tiny
     assert [r["sampling"] for r in runtime] == [r["sampling"] for r in simulated]
     drawn = {r["sampling"]["max_new_tokens"] for r in runtime}
     assert drawn <= {3, 17, 250, 512} and len(drawn) > 1  # the file's lengths, capped at max_new_tokens
+
+
+def test_the_bench_replay_carries_every_field_of_the_runtime_workload():
+    """`LengthConfig.of_workload` and `workload` are inverses (prompt words aside, which no length depends
+    on): a field the simulator's config dropped would replay other rows than the run's."""
+    import dataclasses
+
+    from laminar.data.lengths import LengthWorkload
+
+    w = LengthWorkload(
+        median=97,
+        p99_ratio=7.5,
+        max_len=777,
+        prompt_len=5,
+        lengths_file="lengths.txt",
+        seed=11,
+        tool_calls_mean=1.5,
+        tool_calls_min=1,
+        tool_latency_median_s=0.25,
+        tool_latency_p99_ratio=4.0,
+        tool_output_tokens=9,
+        max_calls=3,
+    )
+    assert all(getattr(w, f.name) != f.default for f in dataclasses.fields(w)), "every field off its default"
+    back = LengthConfig.of_workload(w, num_prompts=64).workload()
+    assert dataclasses.replace(back, prompt_len=w.prompt_len) == w
