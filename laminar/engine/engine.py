@@ -310,14 +310,15 @@ class Engine:
                 )
             self._inflight = self.runner.launch_decode(seqs, lens, sb)
         step, self._inflight = self._inflight, None
+        live = self._live_rows(step)  # nothing between the two changes a request
         if self.pipeline:
-            self._inflight = self._launch_next(step)
-        return self._collect(step)
+            self._inflight = self._launch_next(step, live)
+        return self._collect(step, live)
 
     def _sampling(self, seqs: list[Sequence], lens: list[int]) -> SamplingBatch:
         return SamplingBatch.of([s.params for s in seqs], [self._keys[s.request_id] for s in seqs], lens)
 
-    def _launch_next(self, step: Launched) -> Launched | None:
+    def _launch_next(self, step: Launched, live: list[bool]) -> Launched | None:
         """Queue the decode step that follows `step`, before `step`'s tokens are known: its rows are `step`'s,
         less those that reach their length limit with it, and each takes as input the token `step` samples for
         it (on the device). A row whose request stops, parks, leaves or is aborted meanwhile is dropped when
@@ -328,10 +329,8 @@ class Engine:
         if self.scheduler.waiting:
             return None
         seqs, lens, rows, grow, need, bs = [], [], [], [], 0, self.blocks.block_size
-        live = self._seqs
-        for i, (s, n) in enumerate(zip(step.seqs, step.ctx_lens)):
-            # still here as read (`_live`), and one more token will not reach its length limit (`limit`)
-            if live.get(s.request_id) is s and not s.parked and len(s.token_ids) == n and n + 1 < s.limit:
+        for i, (s, n, ok) in enumerate(zip(step.seqs, step.ctx_lens, live)):
+            if ok and n + 1 < s.limit:  # one more token will not reach its length limit
                 seqs.append(s)
                 lens.append(n + 1)
                 rows.append(i)
@@ -349,12 +348,12 @@ class Engine:
         self.queued_ahead += 1
         return self.runner.launch_decode(seqs, lens, sb, after=step)
 
-    def _collect(self, step: Launched) -> StepOutput:
+    def _collect(self, step: Launched, live: list[bool]) -> StepOutput:
         """Wait for a decode step and record its tokens for the rows still live (see `_launch_next`)."""
         tokens, logprobs = self.runner.collect(step)
-        seqs, kept_tokens, kept_logprobs, live = [], [], [], self._seqs
-        for s, n, tok, lp in zip(step.seqs, step.ctx_lens, tokens, logprobs):
-            if live.get(s.request_id) is s and not s.parked and len(s.token_ids) == n:  # `_live`, inlined
+        seqs, kept_tokens, kept_logprobs = [], [], []
+        for s, n, ok, tok, lp in zip(step.seqs, step.ctx_lens, live, tokens, logprobs):
+            if ok:
                 s.num_cached = n
                 seqs.append(s)
                 kept_tokens.append(tok)
@@ -364,10 +363,14 @@ class Engine:
         out = StepOutput(is_prefill=False, num_tokens=len(seqs))
         return self._record(seqs, kept_tokens, kept_logprobs, out)
 
-    def _live(self, seq: Sequence, ctx_len: int) -> bool:
-        """Whether a decode row queued for `seq` at context length `ctx_len` still counts: the request is here,
-        not parked, and has exactly the tokens the row read."""
-        return self._seqs.get(seq.request_id) is seq and not seq.parked and len(seq) == ctx_len
+    def _live_rows(self, step: Launched) -> list[bool]:
+        """For each row of a queued decode step, whether it still counts: its request is here, not parked, and
+        has exactly the tokens the row read."""
+        seqs = self._seqs
+        return [
+            seqs.get(s.request_id) is s and not s.parked and len(s.token_ids) == n
+            for s, n in zip(step.seqs, step.ctx_lens)
+        ]
 
     def _record(self, seqs, tokens: list[int], logprobs: list[float], out: StepOutput) -> StepOutput:
         """Append each sequence's sampled token; finish or park those it ends."""
@@ -392,7 +395,7 @@ class Engine:
         """Wait for the step in flight and keep what it produced for the next `step` to return."""
         if self._inflight is not None:
             step, self._inflight = self._inflight, None
-            out = self._collect(step)
+            out = self._collect(step, self._live_rows(step))
             if out.new_tokens:
                 assert self._ready is None, "at most one step is ever in flight"
                 self._ready = out
@@ -401,7 +404,7 @@ class Engine:
         p = seq.params
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos):
             return "stop"
-        if seq.num_output >= p.max_new_tokens or len(seq) >= self.max_model_len:
+        if len(seq.token_ids) >= seq.limit:  # max_new_tokens or max_model_len (`_admit`)
             return "length"
         return None
 

@@ -343,9 +343,8 @@ class _Staging:
         self.tables = view[5 * n : 5 * n + n * width].reshape(n, width)
         tail = view[5 * n + n * width :]
         self.temps = tail.view(torch.float32)[:n] if buf is not None else tail.view(np.float32)[:n]
-        self.held: list[list[int] | None] = [
-            None
-        ] * n  # each row's block table as last written, and its length
+        # each row's block table as last written (`write_tables`), and its length
+        self.held: list[list[int] | None] = [None] * n
         self.held_len = [0] * n
 
     def fill_padding(self, rows: int, scratch_block: int, block_size: int, start: int = 0) -> None:
