@@ -22,6 +22,28 @@ from laminar.engine.random_model import SHAPES, shape_config
 from laminar.telemetry.provenance import code_digest
 
 
+def time_in_graph(fn, calls: int, reps: int = 20) -> float:
+    """Microseconds a call, for `fn` making `calls` calls (a kernel per layer, say) captured as one CUDA graph
+    and replayed `reps` times: the kernels back to back as the engine's decode graphs run them, with no Python
+    launch cost between them (which would bury small kernels' differences)."""
+    for _ in range(2):  # compile and warm up outside the capture
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps / calls
+
+
 def build_hf_model(name: str, device: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 

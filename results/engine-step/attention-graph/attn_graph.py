@@ -14,6 +14,7 @@ import sys
 import torch
 
 from laminar.bench.engine import main as bench_engine
+from laminar.bench.engine import time_in_graph
 from laminar.engine import paged_attention as pa
 
 out_dir = sys.argv[1]
@@ -52,25 +53,6 @@ def caches(bsz, kv, dim, layers, lens, g):
     return out
 
 
-def time_graph(fn, layers, reps=20):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(reps):
-        graph.replay()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) * 1e3 / reps / layers  # us per layer
-
-
 res = {"device": torch.cuda.get_device_name(), "variants": {k: list(v) for k, v in VARIANTS.items()}}
 g = torch.Generator(device="cuda").manual_seed(0)
 for name, (bsz, heads, kv, dim, layers) in SHAPES.items():
@@ -92,7 +74,7 @@ for name, (bsz, heads, kv, dim, layers) in SHAPES.items():
                     for kc, vc, t in cs:
                         pa.paged_decode(q, kc, vc, t, lens, bn, w, st, pf)
 
-                us = time_graph(run, layers)
+                us = time_in_graph(run, layers)
                 row[vname] = {
                     "us_per_layer": round(us, 2),
                     "tb_per_s": round(nbytes / us / 1e6, 3),

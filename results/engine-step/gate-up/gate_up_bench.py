@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from laminar.bench.engine import main as bench_engine
+from laminar.bench.engine import time_in_graph
 from laminar.engine import gate_up
 from laminar.engine.fused import Fused
 
@@ -28,25 +29,6 @@ CONFIGS = [
     (bn, bk, w, st, True) for bn, bk, w, st in itertools.product((32, 64, 128), (64, 128), (4, 8), (3, 4))
 ]
 CONFIGS += [(64, 128, 4, 4, False), (32, 128, 4, 4, False), (128, 64, 8, 3, False)]
-
-
-def time_graph(fn, layers, reps=20):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(reps):
-        graph.replay()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) * 1e3 / reps / layers
 
 
 fused = Fused(compile=True)
@@ -67,7 +49,7 @@ for name, (rows, hidden, inter, layers) in SHAPES.items():
         for w in ws:
             fused.silu_mul(F.linear(x, w))
 
-    us = time_graph(engine_path, layers)
+    us = time_in_graph(engine_path, layers)
     row["engine: cuBLAS product + compiled SiLU x up"] = {
         "us_per_layer": round(us, 2),
         "tb_per_s": round(nbytes / us / 1e6, 3),
@@ -78,7 +60,7 @@ for name, (rows, hidden, inter, layers) in SHAPES.items():
         try:
             out = gate_up.gate_up_silu(x, ws[0], cfg)
             err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-            us = time_graph(lambda cfg=cfg: [gate_up.gate_up_silu(x, w, cfg) for w in ws], layers)
+            us = time_in_graph(lambda cfg=cfg: [gate_up.gate_up_silu(x, w, cfg) for w in ws], layers)
             row[key] = {
                 "us_per_layer": round(us, 2),
                 "tb_per_s": round(nbytes / us / 1e6, 3),
@@ -97,45 +79,24 @@ res["best"] = best
 json.dump(res, open(f"{out_dir}/gate_up.json", "w"), indent=1)
 
 
-def parse(key):
-    vals = [v.split("=")[1] for v in key.split(",")]
-    return (*map(int, vals[:4]), vals[4] == "True")
-
-
+# the engine's kernel picks each shape's best configuration by its rule (`gate_up.WIDE_FROM`)
 for name, batch in (("qwen2.5-0.5b", "128"), ("qwen2.5-7b", "64")):
-    gate_up.ENABLED = False
-    bench_engine(
-        [
-            "--device",
-            "cuda",
-            "--model",
-            name,
-            "--batch-sizes",
-            batch,
-            "--hf-batch-sizes",
-            "--new-tokens",
-            "512",
-            "--profile",
-            batch,
-            "--out",
-            f"{out_dir}/off-{name}",
-        ]
-    )
-    gate_up.ENABLED, gate_up.CONFIG = True, parse(best[name])
-    bench_engine(
-        [
-            "--device",
-            "cuda",
-            "--model",
-            name,
-            "--batch-sizes",
-            batch,
-            "--hf-batch-sizes",
-            "--new-tokens",
-            "512",
-            "--profile",
-            batch,
-            "--out",
-            f"{out_dir}/on-{name}",
-        ]
-    )
+    for gate_up.ENABLED in (False, True):
+        label = "on" if gate_up.ENABLED else "off"
+        bench_engine(
+            [
+                "--device",
+                "cuda",
+                "--model",
+                name,
+                "--batch-sizes",
+                batch,
+                "--hf-batch-sizes",
+                "--new-tokens",
+                "512",
+                "--profile",
+                batch,
+                "--out",
+                f"{out_dir}/{label}-{name}",
+            ]
+        )
