@@ -1,9 +1,10 @@
 """`laminar bench trainer`: the trainer's step on its own, on a random-initialised model of a named shape and
 synthetic GRPO groups of realistic lengths, on one rank or an FSDP2 group of `--ranks` (one process per GPU,
 spawned here; NCCL on GPU, gloo on CPU). Reports the step time, trained tokens per second, the share of
-padding, the model FLOPs utilisation (6 x parameters x tokens / time / the cards' peak), the peak memory per
-GPU, and the actor's stall per publish: every rank writing its own rows into one shared-memory slot (as the
-runtime does), beside the time to copy one rank's shard into pinned host memory (the floor of that stall).
+padding, the model FLOPs utilisation (the products the step runs, `step_flops`, over the time and the cards'
+peak; `mfu_6nd` beside it, from 6 x parameters x tokens), the peak memory per GPU, and the actor's stall per
+publish: every rank writing its own rows into one shared-memory slot (as the runtime does), beside the time to
+copy one rank's shard into pinned host memory (the floor of that stall).
 With `--profile`, a table of rank 0's operators by device time. Writes `DIR/trainer.json` and `DIR/trainer.md`
 (and `DIR/profile.txt`). A benchmark, never a test: nothing here asserts a speed."""
 
@@ -16,6 +17,8 @@ import platform
 import random
 import socket
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +67,70 @@ def synthetic_groups(
             )
         out.append(group)
     return out
+
+
+def step_batches(args: argparse.Namespace, vocab: int) -> list[list[list[Trajectory]]]:
+    """The warm-up step's groups, then each measured step's: seeds 0 to `args.steps`, so that a row's command
+    names its batches."""
+    return [
+        synthetic_groups(
+            args.groups,
+            args.group_size,
+            args.prompt,
+            args.response_median,
+            args.response_max,
+            vocab,
+            seed,
+            args.response_p99_ratio,
+        )
+        for seed in range(args.steps + 1)
+    ]
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """The model FLOPs of one training step, by where the products run."""
+
+    layers: float  # q, k, v, o, gate, up and down, at every token
+    attention: float  # causal scores and the values they weight
+    output_layer: float  # at response positions only
+
+    @property
+    def total(self) -> float:
+        return self.layers + self.attention + self.output_layer
+
+
+def step_flops(config: Any, sequences: Iterable[tuple[int, int]]) -> StepFlops:
+    """FLOPs of the forward and backward of a decoder-only model (a Hugging Face config: hidden, intermediate,
+    layers, heads, kv heads, head_dim, vocabulary) over sequences of (prompt, response) tokens, counting the
+    products the model runs. Per sequence of T = prompt + response tokens, forward:
+    - layers: 2 T x layers x (2 h q + 2 h kv + 3 h i), q = heads x head_dim, kv = kv heads x head_dim;
+    - attention: position t attends to t keys (itself included), T(T+1)/2 pairs a head, each a 2 x head_dim
+      score and a 2 x head_dim weighted value: 2 x head_dim x heads x T(T+1) a layer;
+    - output layer: 2 x response x h x vocabulary; `PolicyLogprobs` (laminar/trainer/logprobs.py) takes logits
+      only at the positions that predict a response token (a plain output layer, as in every bench shape);
+    - embedding: a lookup, no product.
+    The backward runs two products for each of the forward's (the input's gradient and the weight's, or for
+    attention the two operands'), so the step is 3x the forward. Not counted, as model FLOPs (the numerator of
+    MFU as usually defined) leave them out: recomputation (activation checkpointing's second forward,
+    FlashAttention's scores in its backward, the chunked output layer's logits in its backward), padding, the
+    masked part of the attention tiles on the diagonal, a reference model's or proximal forward (the bench has
+    neither), norms, rotary and the softmax."""
+    h, i = config.hidden_size, config.intermediate_size
+    heads, layers = config.num_attention_heads, config.num_hidden_layers
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    q, kv = heads * head_dim, config.num_key_value_heads * head_dim
+    per_token = 2 * layers * (2 * h * q + 2 * h * kv + 3 * h * i)
+    tokens = pairs = response = 0
+    for p, r in sequences:
+        tokens += p + r
+        pairs += (p + r) * (p + r + 1)  # twice the causal pairs
+        response += r
+    return StepFlops(
+        layers=3.0 * per_token * tokens,
+        attention=3.0 * 2 * head_dim * heads * layers * pairs,
+        output_layer=3.0 * 2 * response * h * config.vocab_size,
+    )
 
 
 def padded_tokens(trainer: Any, trajs: list[Trajectory]) -> tuple[int, int]:
@@ -126,27 +193,15 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
     )
     trainer = Trainer(cfg, model=model, rank=rank, world=world)
     del model
-    vocab = trainer.model.config.vocab_size
-    batches = [
-        synthetic_groups(
-            args.groups,
-            args.group_size,
-            args.prompt,
-            args.response_median,
-            args.response_max,
-            vocab,
-            seed,
-            args.response_p99_ratio,
-        )
-        for seed in range(args.steps + 1)
-    ]
+    model_config = trainer.model.config
+    batches = step_batches(args, model_config.vocab_size)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     barrier = (lambda: __import__("torch.distributed").distributed.barrier()) if world > 1 else (lambda: None)
     trainer.train_step(batches[0])  # warm-up: allocator, kernels
     sync()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    times, tokens, seen, cuts = [], [], [], 0
+    times, tokens, seen, work, cuts = [], [], [], [], 0
     for groups in batches[1:]:
         trajs = [t for g in groups for t in g]
         barrier()
@@ -155,6 +210,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         sync()
         times.append(time.perf_counter() - t)
         tokens.append(sum(x.num_tokens for x in trajs))
+        work.append(step_flops(model_config, [(len(x.prompt_ids), len(x.response_ids)) for x in trajs]))
         padded, cuts = padded_tokens(trainer, trajs)
         seen.append(padded)
     peak_mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
@@ -243,7 +299,9 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
     step_s = sorted(times)[len(times) // 2]
     tok = sum(tokens) / len(tokens)
     peak = peak_tflops(device)
-    achieved = 6 * params * tok / step_s / 1e12
+    flops = sum(w.total for w in work) / len(work)
+    achieved = flops / step_s / 1e12
+    achieved_6nd = 6 * params * tok / step_s / 1e12
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     return {
         "machine": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
@@ -278,13 +336,21 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         "tokens_per_step": tok,
         "padding_share": round(1 - sum(tokens) / max(sum(seen), 1), 3) if world == 1 else None,
         "tokens_per_s": round(tok / step_s, 1),
+        # a measured step's model FLOPs on average (`step_flops`), by part
+        "model_flops_per_step": {
+            part: round(sum(getattr(w, part) for w in work) / len(work))
+            for part in ("layers", "attention", "output_layer")
+        },
         "model_tflops": round(achieved, 2),
         "mfu": round(achieved / (peak * world), 4) if peak else None,
-        # the same over all the measured steps' tokens and time (the median step above is the headline; a
+        # the same over all the measured steps' FLOPs and time (the median step above is the headline; a
         # batch of outlying steps moves this one)
-        "mfu_total_time": round(6 * params * sum(tokens) / sum(times) / 1e12 / (peak * world), 4)
+        "mfu_total_time": round(sum(w.total for w in work) / sum(times) / 1e12 / (peak * world), 4)
         if peak
         else None,
+        # the figure these rows gave before: 6 x parameters x tokens, which charges the embedding lookup as a
+        # product and the output layer at prompt positions, and leaves attention out
+        "mfu_6nd": round(achieved_6nd / (peak * world), 4) if peak else None,
         "peak_memory_gib_per_rank": [round(m, 2) if m is not None else None for m in mems],
         "published_mib": round(layout.total_bytes / 2**20, 1),
         "publish_stall_s_median": round(med(stalls), 4),
@@ -314,7 +380,8 @@ def _write(result: dict[str, Any], args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's arguments (also what reads a row's recorded `command` back)."""
     ap = argparse.ArgumentParser(prog="laminar bench trainer", description=__doc__)
     ap.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
     ap.add_argument("--ranks", type=int, default=1, help="trainer ranks (FSDP2 when > 1), one GPU each")
@@ -348,6 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--profile", action="store_true", help="also profile one step (operators by device time)")
     ap.add_argument("--out", default="results/trainer-bench")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     args.argv = list(argv or [])
     if args.ranks < 1:

@@ -49,22 +49,26 @@ def from_trainer_bench(paths: list[str | Path], base: CostModel, params: float) 
     nearest the simulated one in parameters (on a log scale), preferring a sharded trainer (ranks > 1), as the
     simulated trainer is. The bench's step includes the optimizer, so `train_step_overhead_s` stays as
     configured (a conservative extra for gathers and data loading at scale). CPU rows are ignored, and so are
-    rows measured beside other work on the same machine (`contended`)."""
+    rows measured beside other work on the same machine (`contended`).
+
+    The cost model charges 6 x parameters x tokens (`train_s`), so its efficiency is the row's `mfu_6nd`, the
+    figure on that count; rows written before the bench counted the products run give it as `mfu`."""
     rows = []
     for path in paths:
         data = json.loads(Path(path).read_text())
-        if data.get("mfu") and "ranks" in data and not data.get("contended"):
-            rows.append((path, data))
+        mfu = data.get("mfu_6nd", data.get("mfu"))
+        if mfu and "ranks" in data and not data.get("contended"):
+            rows.append((path, data, mfu))
     if not rows:
         return base, "no GPU trainer benchmark (results/trainer/*/trainer.json): train_mfu unchanged"
-    path, best = min(
-        rows, key=lambda r: (abs(np.log(r[1]["params"] / params)), r[1]["ranks"] == 1, -r[1]["mfu"])
+    path, best, mfu = min(
+        rows, key=lambda r: (abs(np.log(r[1]["params"] / params)), r[1]["ranks"] == 1, -r[2])
     )
     note = (
-        f"{path} ({best['machine']}, {best['shape']} on {best['ranks']} GPUs): train_mfu={best['mfu']:.3f} "
-        f"({best['tokens_per_s']:,.0f} tokens/s; was {base.train_mfu:.2f})"
+        f"{path} ({best['machine']}, {best['shape']} on {best['ranks']} GPUs): train_mfu={mfu:.3f} "
+        f"(6 x parameters x tokens; {best['tokens_per_s']:,.0f} tokens/s; was {base.train_mfu:.2f})"
     )
-    return replace(base, train_mfu=float(best["mfu"])), note
+    return replace(base, train_mfu=float(mfu)), note
 
 
 # The small GPU schedule runs: every variant, 12 steps, two seeds (`results/schedules-gpu-repeats`).
