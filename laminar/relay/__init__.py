@@ -2,6 +2,7 @@
 
 slots.py      shared-memory weight slots with reader counts (what a version lives in on a node)
 wire.py       the chunk protocol between relays over TCP
+admission.py  a relay's pending handshakes: one deadline each, limits per address and in all
 forward.py    a relay's downstream link: forwards chunk i while chunk i+1 arrives
 relay.py      Relay (receive, verify, expose complete versions, serve local readers) and RelayActor
 publisher.py  WeightPublisher: the trainer's publish, a copy into local shared memory and one async call

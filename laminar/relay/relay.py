@@ -25,6 +25,7 @@ import numpy as np
 import ray
 
 from laminar.relay import wire
+from laminar.relay.admission import Handshakes, Pending
 from laminar.relay.forward import Address, Forwarder
 from laminar.relay.slots import READY, SHM_DIR, WRITING, MappedView, Slot, SlotPool, is_slot_name
 from laminar.relay.tls import RunCertificate
@@ -32,7 +33,9 @@ from laminar.relay.tls import RunCertificate
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 4 << 20
-MAX_PENDING_HANDSHAKES = 16  # connections not yet authenticated; more are closed at once
+HANDSHAKE_TIMEOUT_S = 10.0  # for the whole handshake, TLS included (admission.py)
+MAX_PENDING_HANDSHAKES = 16  # connections not yet authenticated; a newcomer displaces the oldest
+MAX_PENDING_PER_ADDRESS = 4  # of them from one source address
 
 
 @dataclass(frozen=True)
@@ -102,11 +105,15 @@ class Relay:
         copy_threads: int | None = None,
         tls: RunCertificate | None = None,
         local_shm: bool = True,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
+        pending_handshakes: int = MAX_PENDING_HANDSHAKES,
+        pending_per_address: int = MAX_PENDING_PER_ADDRESS,
     ):
         """`secret`: the run's relay secret (RelaySettings); `max_version_bytes`: the largest version a BEGIN
         may announce (default: the size of the shared-memory filesystem); `copy_threads`: the master's
         parallel copy and checksum (default: up to 8, one per core); `local_shm`: between two relays of one
-        machine, copy chunks through shared memory instead of TCP (never under TLS)."""
+        machine, copy chunks through shared memory instead of TCP (never under TLS); `handshake_timeout`,
+        `pending_handshakes`, `pending_per_address`: what an unauthenticated connection may hold (admission.py)."""
         if not wire.MIN_CHUNK_BYTES <= chunk_bytes <= wire.MAX_CHUNK_BYTES:
             raise ValueError(
                 f"chunk_bytes={chunk_bytes}: must be {wire.MIN_CHUNK_BYTES} to {wire.MAX_CHUNK_BYTES} bytes"
@@ -153,7 +160,7 @@ class Relay:
         # version -> pieces of it from trainer ranks on other machines: (ranges, their bytes back to back)
         self._pieces: dict[int, list[tuple[list[tuple[int, int]], np.ndarray]]] = {}
         self._refusals: deque[dict[str, Any]] = deque(maxlen=100)
-        self._handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        self._handshakes = Handshakes(pending_handshakes, pending_per_address, handshake_timeout)
         self._stopped = False
         self._offer: _Offer | None = None
         self._threads = [
@@ -268,6 +275,7 @@ class Relay:
                 "versions": {v: dict(h) for v, h in self._history.items()},
                 "upstream": self._upstream,
                 "refusals": list(self._refusals),
+                "pending_handshakes": self._handshakes.pending(),
                 **self._counters,
             }
 
@@ -437,23 +445,26 @@ class Relay:
 
     # ---- arrival: from the upstream relay over TCP ----------------------------------------------------------
     def _accept_loop(self) -> None:
+        """Also the handshakes' clock: it wakes at the oldest pending one's deadline (deadlines follow the order
+        of admission, which is this loop's) and cuts it short."""
         while not self._stopped:
+            next_deadline = self._handshakes.expire(time.monotonic())
+            self._server.settimeout(min(1.0, max(0.01, next_deadline)))
             try:
                 conn, peer = self._server.accept()
             except TimeoutError:
                 continue
             except OSError:
                 return  # server closed
-            if not self._handshakes.acquire(blocking=False):
-                self._refuse(conn, peer, "too many connections waiting to authenticate")
-                continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            ticket = self._handshakes.admit(conn, peer, time.monotonic())
             threading.Thread(
-                target=self._receive_loop, args=(conn, peer), name=f"{self.name}-recv", daemon=True
+                target=self._receive_loop, args=(conn, peer, ticket), name=f"{self.name}-recv", daemon=True
             ).start()
 
     def _refuse(self, conn: socket.socket, peer: Any, reason: str) -> None:
-        """Drop a peer that broke the protocol; counted, and logged with its address."""
+        """Drop a peer that broke the protocol, or ran out of time or room to authenticate; counted, and logged
+        with its address."""
         conn.close()
         with self._cond:
             self._counters["refused_connections"] += 1
@@ -472,18 +483,32 @@ class Relay:
             newest = self._pool.newest()
             return newest is None or newest.version < version
 
-    def _receive_loop(self, conn: socket.socket, peer: Any) -> None:
+    def _authenticate(self, conn: socket.socket, peer: Any, ticket: Pending) -> socket.socket | None:
+        """The handshake, within the deadline the accept loop enforces: the authenticated link, or None (refused)."""
+        link, failure = conn, None
         try:
-            conn.settimeout(wire.HANDSHAKE_TIMEOUT_S)
+            # a backstop to the accept loop: a read that runs out does so past the deadline; `finish` says so
+            conn.settimeout(self._handshakes.timeout)
             if self._tls_server is not None:
-                conn = self._tls_server.wrap_socket(conn, server_side=True)
-            wire.accept_handshake(conn, self._secret, self._is_upstream)
-            wire.tune(conn, None)
+                # on a duplicate: TLS takes over the socket it wraps, and the accept loop must still be able to
+                # shut `conn` down at the deadline
+                link = self._tls_server.wrap_socket(conn.dup(), server_side=True)
+            wire.accept_handshake(link, self._secret, self._is_upstream)
+            wire.tune(link, None)
         except (OSError, wire.ConnectionLost) as e:
-            self._refuse(conn, peer, f"handshake failed: {e}")
+            failure = f"handshake failed: {e}"
+        dropped = self._handshakes.finish(ticket, time.monotonic())
+        if link is not conn:
+            conn.close()
+        if dropped is not None or failure is not None:
+            self._refuse(link, peer, dropped or failure)
+            return None
+        return link
+
+    def _receive_loop(self, sock: socket.socket, peer: Any, ticket: Pending) -> None:
+        conn = self._authenticate(sock, peer, ticket)
+        if conn is None:
             return
-        finally:
-            self._handshakes.release()
         scratch = memoryview(bytearray(1 << 20))
         slot: Slot | None = None
         version, last = -1, -1
@@ -661,6 +686,7 @@ class Relay:
         except OSError:
             pass
         self._server.close()
+        self._handshakes.close()
         self._forwarder.stop()
         for t in self._threads:
             t.join(timeout=5.0)

@@ -3,7 +3,8 @@
 A connection opens with a challenge-response on the run's secret (HMAC-SHA256): the receiver sends a fresh nonce,
 the sender answers with its relay name, a nonce of its own and a MAC over both; the receiver answers with a MAC
 that proves it holds the secret too. A peer without the secret, or replaying a recorded handshake (the nonce is
-new every time), is dropped before anything else is read, and the secret itself never crosses the link.
+new every time), is dropped before anything else is read, and the secret itself never crosses the link. How
+long a peer may take, and how many may be mid-handshake at once, is the relay's (admission.py).
 
 A version then travels as BEGIN (version, nbytes, chunk_bytes, the layout as JSON, and the sender's slot path
 when both relays may share a machine) answered by one byte (accept, skip, or local: the receiver maps the
@@ -41,7 +42,6 @@ MAX_PATH_BYTES = 4096
 SOCKET_BUFFER_BYTES = 8 << 20
 MIN_CHUNK_BYTES = 4 << 10
 MAX_CHUNK_BYTES = 1 << 30
-HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class ConnectionLost(ConnectionError):

@@ -7,11 +7,13 @@ import os
 import pickle
 import socket
 import struct
+import threading
 
 import numpy as np
 import pytest
 
 from laminar.relay import wire
+from laminar.relay.relay import MAX_PENDING_HANDSHAKES
 from laminar.relay.slots import FREE, ShmBuffer, new_buffer_path
 from tests.relay.test_relay import CHUNK, SECRET, FakeUpstream, held_bytes, link, make_relay, publish
 
@@ -246,3 +248,115 @@ def test_an_offered_slot_path_outside_shared_memory_is_refused(pair):
     wait_refusals(victim, 1)
     assert "not a Laminar slot" in victim.stats()["refusals"][-1]["reason"] and untouched(victim)
     still_carries_real_versions(master, victim, buf, 1)
+
+
+class Tricklers:
+    """`n` clients without the secret, from the source `addresses` in turn, each sending one more byte of
+    `hello` every `every` seconds (none: idle) and connecting again whenever the relay drops it, so they hold
+    every handshake slot they can for as long as they can."""
+
+    def __init__(self, relay, n: int, addresses: list[str], every: float, hello: bytes):
+        self._target, self._every, self._hello = relay.address(), every, hello
+        self._sources = [addresses[i % len(addresses)] for i in range(n)]
+        self._socks = [self._connect(a) for a in self._sources]
+        self._sent = [0] * n
+        self._rounds = 0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tricklers", daemon=True)
+
+    def _connect(self, source: str) -> socket.socket:
+        return socket.create_connection(self._target, timeout=10, source_address=(source, 0))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            for i, sock in enumerate(self._socks):
+                try:
+                    if self._sent[i] < len(self._hello):
+                        sock.sendall(self._hello[self._sent[i] : self._sent[i] + 1])
+                        self._sent[i] += 1
+                except OSError:  # dropped: come back
+                    sock.close()
+                    try:
+                        self._socks[i], self._sent[i] = self._connect(self._sources[i]), 0
+                    except OSError:
+                        pass  # the next round tries again
+            with self._cond:
+                self._rounds += 1
+                self._cond.notify_all()
+
+    def wait_rounds(self, n: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: self._rounds >= n, timeout=10), "the tricklers stalled"
+
+    def __enter__(self) -> Tricklers:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for sock in self._socks:
+            sock.close()
+
+
+# the start of a relay handshake that announces the longest name: over a minute of bytes at 5 a second
+SLOW_HELLO = wire.MAGIC + struct.pack("!H", wire.MAX_NAME_BYTES) + b"x" * wire.MAX_NAME_BYTES
+# a TLS record header announcing a 512-byte ClientHello that never completes
+SLOW_TLS_HELLO = b"\x16\x03\x01\x02\x00" + b"\x01" * 512
+
+
+def test_slow_clients_holding_every_handshake_slot_do_not_keep_a_replaced_upstream_out(pair):
+    """Issue 30: connections trickling a byte at a time held every pending-handshake slot, and the link of the
+    upstream's replacement was refused for the rest of the run. A newcomer displaces the oldest instead."""
+    master, victim, buf = pair
+    still_carries_real_versions(master, victim, buf, 1)
+    addresses = [f"127.0.0.{i}" for i in range(2, 7)]  # the attacker's five machines
+    with Tricklers(victim, MAX_PENDING_HANDSHAKES + 4, addresses, every=0.2, hello=SLOW_HELLO) as slow:
+        wait_refusals(victim, 4)  # every slot was taken: four more connections than slots
+        slow.wait_rounds(2)
+        master.shutdown()  # the upstream dies, and its replacement links to the victim
+        new = make_relay("sec-master-2")
+        try:
+            link(new, victim)
+            w = publish(new, buf, 2)
+            assert victim.wait_version(2, timeout=10) == 2
+            assert np.array_equal(held_bytes(victim)[1], w)
+        finally:
+            new.shutdown()
+    refused = {r["peer"].split(":")[0] for r in victim.stats()["refusals"]}
+    assert refused <= set(addresses), victim.stats()["refusals"]
+
+
+@pytest.mark.parametrize(
+    "tls, hello",
+    [(False, b""), (False, SLOW_HELLO), (True, SLOW_TLS_HELLO)],
+    ids=["idle", "trickling", "trickling-tls"],
+)
+def test_a_handshake_has_one_deadline_however_its_bytes_come(tls, hello):
+    from laminar.relay.tls import RunCertificate
+
+    victim = make_relay("deadline", tls=RunCertificate.make() if tls else None, handshake_timeout=0.5)
+    try:
+        with Tricklers(victim, 1, ["127.0.0.2"], every=0.05, hello=hello):  # a byte every 0.05 s
+            wait_refusals(victim, 1)
+        assert victim.stats()["refusals"][0]["reason"] == "handshake not finished within 0.5s"
+    finally:
+        victim.shutdown()
+
+
+def test_clients_of_one_address_displace_only_each_other():
+    victim = make_relay("per-address", handshake_timeout=60, pending_handshakes=4, pending_per_address=2)
+    bystander = socket.create_connection(victim.address(), timeout=10, source_address=("127.0.0.9", 0))
+    try:
+        wire.recv_exact(bystander, len(wire.MAGIC) + wire.NONCE_BYTES)  # its greeting: admitted first
+        with Tricklers(victim, 6, ["127.0.0.2"], every=0.05, hello=SLOW_HELLO):
+            wait_refusals(victim, 4)  # each newcomer past the second displaced the oldest of its address
+            assert {r["peer"].split(":")[0] for r in victim.stats()["refusals"]} == {"127.0.0.2"}
+            assert victim.stats()["pending_handshakes"] == 3
+        bystander.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            bystander.recv(1)  # still open and waited on
+    finally:
+        bystander.close()
+        victim.shutdown()
