@@ -12,6 +12,8 @@ import yaml
 
 from laminar.data.experience_buffer import SAMPLERS
 from laminar.schedules.schedule import NAMES as SCHEDULE_NAMES
+from laminar.tasks import TASKS
+from laminar.tasks import choices as task_choices
 
 
 class ConfigError(ValueError):
@@ -27,11 +29,12 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    # reverse (the demo) | lengths (benchmarks) | arith (math word problems) | tool_arith (arithmetic with the
-    # calculator tool; needs tools: [calculator]) | a JSONL path
-    name: str = "reverse"
+    name: str = "reverse"  # a built-in task (`laminar.tasks.TASKS`; reverse is the demo) or a JSONL path
     reward: str = ""  # dotted path module:function; empty = the task's own reward
     reward_timeout_s: float = 30.0  # a reward call that runs longer scores 0 and is counted as a reward error
+    # every reward of this many groups in a row failed (raised, timed out, not a finite number): the run stops
+    # with the error; 0 = never
+    reward_fail_groups: int = 8
     num_prompts: int = 4096
     seed: int = 0
     # the `lengths` workload (benchmarks): response lengths fixed per prompt, end-of-sequence ignored
@@ -126,7 +129,7 @@ class TrainerConfig:
     checkpoint_every: int = 20
     warmup_steps: int = 2  # steps excluded from the throughput window
     max_nonfinite_steps: int = 3  # non-finite loss or gradient: steps skipped in a row before the run stops
-    kl_coef: float = 0.0  # KL(policy || reference) penalty; > 0 loads a frozen copy of the starting weights
+    kl_coef: float = 0.0  # k3 penalty toward the reference (README: KL penalty); > 0 loads a frozen copy of the starting weights
     mini_batches: int = 1  # optimizer updates per trainer step (PPO-style); weights are published once a step
     filter_groups: bool = (
         False  # DAPO dynamic sampling: drop groups whose rewards are all equal, refill the step
@@ -310,7 +313,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             raise ConfigError(
                 f"config file {str(p)!r} does not exist; pass a YAML file or no file for the demo"
             )
-        data = yaml.safe_load(p.read_text()) or {}
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise ConfigError(f"config file {str(p)!r} is not YAML: {_yaml_problem(e)}") from None
         if not isinstance(data, dict):
             raise ConfigError(
                 f"config file {str(p)!r} must hold a mapping of sections, got {type(data).__name__}"
@@ -323,6 +329,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         cfg.buffer.capacity_groups = 3 * cfg.trainer.groups_per_step
     validate(cfg)
     return cfg
+
+
+def _yaml_problem(e: Exception) -> str:
+    """A YAML parser's error as one line: what it found and where (its own message spans several lines)."""
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {e.start})"
+    mark = getattr(e, "problem_mark", None)
+    what = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return what + (f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "")
 
 
 def _check(ok: bool, path: str, value: Any, valid: str) -> None:
@@ -358,12 +373,14 @@ def validate(cfg: Config) -> None:
             "a local Hugging Face model directory (config.json + *.safetensors)",
         )
     _check(
-        cfg.task.name in ("reverse", "lengths", "arith", "tool_arith") or cfg.task.name.endswith(".jsonl"),
-        "task.name",
-        cfg.task.name,
-        "reverse (the demo), lengths (the benchmark workload), arith (math word problems), tool_arith "
-        "(arithmetic with a calculator tool) or a .jsonl file",
+        cfg.task.name in TASKS or cfg.task.name.endswith(".jsonl"), "task.name", cfg.task.name, task_choices()
     )
+    task = TASKS.get(cfg.task.name)
+    if task is not None and task.check is not None:
+        try:
+            task.check(cfg)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     d = cfg.data
     for name in ("train_files", "val_files"):
         for i, f in enumerate(getattr(d, name)):
@@ -392,13 +409,6 @@ def validate(cfg: Config) -> None:
         cfg.rollout.stop_token_ids,
         "token ids (non-negative integers)",
     )
-    if cfg.task.name == "arith":
-        from laminar.data.arith import parse_levels
-
-        try:
-            parse_levels(cfg.task.arith_levels)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
     _check(
         cfg.buffer.sampler in SAMPLERS or ":" in cfg.buffer.sampler,
         "buffer.sampler",
@@ -413,6 +423,12 @@ def validate(cfg: Config) -> None:
         "task.reward_timeout_s",
         cfg.task.reward_timeout_s,
         "a positive number of seconds",
+    )
+    _check(
+        cfg.task.reward_fail_groups >= 0,
+        "task.reward_fail_groups",
+        cfg.task.reward_fail_groups,
+        "0 (never stop) or a number of groups whose every reward failed, in a row, that stops the run",
     )
     _check(cfg.task.length_median >= 1, "task.length_median", cfg.task.length_median, "at least 1 token")
     _check(
@@ -440,6 +456,7 @@ def validate(cfg: Config) -> None:
     _check(r.kv_blocks >= 4 and r.block_size >= 1, "rollout.kv_blocks", r.kv_blocks, "at least 4 blocks")
     _check(r.temperature >= 0, "rollout.temperature", r.temperature, "0 (greedy) or a positive number")
     _check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1]")
+    _check(r.top_k >= 0, "rollout.top_k", r.top_k, "0 (off) or a positive number of tokens")
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", r.max_new_tokens, "at least 1")
     _check(r.num_cpus > 0, "rollout.num_cpus", r.num_cpus, "a positive number of CPUs")
     _check(r.placement in ("pack", "spread"), "rollout.placement", r.placement, "pack or spread")
@@ -456,8 +473,18 @@ def validate(cfg: Config) -> None:
         t.group_size >= 2, "trainer.group_size", t.group_size, "at least 2 (GRPO compares samples of a group)"
     )
     _check(t.lr > 0, "trainer.lr", t.lr, "a positive learning rate")
-    _check(0 <= t.clip_low < 1, "trainer.clip_low", t.clip_low, "in [0, 1)")
-    _check(t.clip_high >= 0, "trainer.clip_high", t.clip_high, "non-negative")
+    # the loss's own checks (GRPOConfig), here so a run fails before Ray starts: a clip range of 0 would pin
+    # the ratio at 1 and train nothing
+    _check(
+        0 < t.clip_low < 1,
+        "trainer.clip_low",
+        t.clip_low,
+        "in (0, 1): the ratio's lower clip is 1 - clip_low",
+    )
+    _check(
+        t.clip_high > 0, "trainer.clip_high", t.clip_high, "positive: the ratio's upper clip is 1 + clip_high"
+    )
+    _check(t.is_cap > 0, "trainer.is_cap", t.is_cap, "positive: the importance weight's cap")
     _check(t.correction in ("none", "tis", "mis"), "trainer.correction", t.correction, "none, tis or mis")
     _check(t.micro_batch >= 1, "trainer.micro_batch", t.micro_batch, "at least 1")
     _check(t.packing in ("auto", "on", "off"), "trainer.packing", t.packing, "auto, on or off")
@@ -586,13 +613,6 @@ def validate(cfg: Config) -> None:
         k.tool_latency_p99_ratio >= 1, "task.tool_latency_p99_ratio", k.tool_latency_p99_ratio, "at least 1"
     )
     _check(k.tool_output_tokens >= 1, "task.tool_output_tokens", k.tool_output_tokens, "at least 1")
-    _check(
-        k.name != "tool_arith" or "calculator" in k.tools,
-        "task.tools",
-        k.tools,
-        "a list that holds calculator when task.name=tool_arith (its model calls the calculator tool), "
-        "e.g. task.tools=[calculator]",
-    )
     if k.tools:
         from laminar.tools.registry import ToolLoadError, load_tools
 

@@ -8,6 +8,7 @@ built-in long-tailed reverse task with three rollout replicas.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -25,41 +26,53 @@ from laminar.telemetry.provenance import code_digest
 
 
 def resolve_model(cfg: Config) -> str:
-    """The configured local model, or the task's warm-start checkpoint (made once by `laminar warmup`): the
-    demo's, or for `tool_arith` its own (its tokenizer writes tool calls)."""
+    """The configured local model, or the task's warm-start checkpoint (made once by `laminar warmup`): its own
+    tiny model's where the task has one (`laminar.tasks`), else the demo's."""
     if cfg.model.path:
         from laminar.trainer.trainer import check_model_dir
 
         check_model_dir(cfg.model.path)  # says what is missing before any actor starts
         return cfg.model.path
-    from laminar.data.warmup import default_warmup_dir, is_current, warmup
+    from laminar.data.warmup import default_warmup_dir, is_current, tiny_warm_start, warmup
+    from laminar.tasks import DEMO
 
-    task = "tool_arith" if cfg.task.name == "tool_arith" else "reverse"
+    task = tiny_warm_start(cfg.task.name)
     demo = default_warmup_dir(task)
     if not is_current(demo, task):
-        again = "laminar warmup" + ("" if task == "reverse" else f" --task {task}")
+        again = "laminar warmup" + ("" if task == DEMO else f" --task {task}")
         print(f"building the {task} task's warm-start checkpoint in {demo} (once; `{again}` rebuilds it)")
         warmup(demo, task=task)
     return str(demo)
 
 
 def check_inputs(cfg: Config) -> None:
-    """What the actors would otherwise find late, checked on the driver before any starts: the reward function
-    imports, and every dataset row loads and its prompt encodes and fits with the model's tokenizer."""
-    if cfg.task.reward:
-        from laminar.rewards.loader import load_reward
+    """What the actors would otherwise find late, checked on the driver before any starts: every dataset row
+    loads and its prompt encodes and fits with the model's tokenizer, and the reward function imports and does not
+    fail on every one of a few rows (`laminar.rewards.stop.dry_run`)."""
+    from laminar.rewards.stop import DRY_RUN_ROWS, DRY_RUN_TIMEOUT_S, dry_run, dry_run_rows, reward_path
 
-        load_reward(cfg.task.reward)
+    rows = []
     if cfg.data.train_files or cfg.data.val_files or cfg.task.name.endswith(".jsonl"):
         from laminar.data.dataset import check_prompts, read_dataset_files
 
         files = read_dataset_files(cfg)  # every row's fields first: no model is needed for that
         check_prompts(files, cfg, resolve_model(cfg))
-    if cfg.task.name == "tool_arith" and cfg.model.path:
-        from laminar.data.codec import TaskCodec
-        from laminar.data.tool_arith import check_tokenizer
+        rows = [row for _, numbered in files for _, row in numbered][:DRY_RUN_ROWS]
+    else:  # a built-in task: a few of its rows
+        from laminar.data.dataset import train_rows
 
-        check_tokenizer(TaskCodec.from_config(resolve_model(cfg), cfg))
+        few = copy.deepcopy(cfg)
+        few.task.num_prompts = DRY_RUN_ROWS
+        rows = train_rows(few)
+    path = reward_path(cfg.task.name, cfg.task.reward)
+    dry_run(path, dry_run_rows(rows), min(cfg.task.reward_timeout_s, DRY_RUN_TIMEOUT_S))
+    from laminar.tasks import TASKS
+
+    task = TASKS.get(cfg.task.name)
+    if task is not None and task.check_codec is not None and cfg.model.path:
+        from laminar.data.codec import TaskCodec
+
+        task.check_codec(TaskCodec.from_config(resolve_model(cfg), cfg))
     from laminar.telemetry.tracking import check_wandb
 
     check_wandb(cfg.run.wandb_project)
@@ -85,6 +98,10 @@ def start_ray(cfg: Config) -> None:
     )
 
 
+def _maybe(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
 class Progress:
     """One line per trainer step: the numbers a person watching the run wants."""
 
@@ -98,7 +115,8 @@ class Progress:
         print(
             f"step {m['version']:3d}/{self.steps}  t {time.time() - self.t0:6.1f}s  reward {m['reward_mean']:.3f}"
             f" (ma5 {ma:.3f})  tokens {m['tokens']:5d}  staleness mean {sum(st) / len(st):.2f} max {max(st)}"
-            f"  stall {1000 * m['stall_s']:.1f} ms  |logp train-rollout| {m.get('logprob_mismatch_abs', 0.0):.4f}"
+            f"  stall {1000 * m['stall_s']:.1f} ms  |logp train-rollout| same weights "
+            f"{_maybe(m.get('logprob_mismatch_same_weights'))}, stale {_maybe(m.get('logprob_mismatch_stale_weights'))}"
             + (f"  kl {m['kl']:.4f}" if "kl" in m else "")
             + (
                 f"  tool calls {m['tool_call_frac']:.2f} of trajectories, {m['tool_calls_mean']:.2f} each"
@@ -182,7 +200,7 @@ def _run(
     from laminar.telemetry.audit import audit_run
     from laminar.telemetry.plots import plot_run
     from laminar.telemetry.recorder import write_json
-    from laminar.telemetry.summary import summarize
+    from laminar.telemetry.summary import failures, summarize
 
     ckpt = out / "checkpoint"
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))  # the run has started
@@ -219,7 +237,7 @@ def _run(
     wall = time.time() - t_start
     if rt.evaluator is not None:  # the last evaluation, on weights the rollouts already hold
         rt.evaluator.finish()
-    end = rt.stop()
+    end = rt.stop(settle=True)  # failures not noticed yet are counted, and their work accounted for
     rt.checkpoint(ckpt)
     for v, seconds in sorted(rt.propagation().items()):
         recorder.log("propagation", version=v, seconds=seconds)
@@ -251,7 +269,7 @@ def _run(
             "resumed_at": start_version if resume else None,
             "restarted_on_resume": rt.restarted_on_resume,
             "repacks": end["repacks"],
-            "failures": {**end["failures"], "trainer": rt.trainer_restarts},
+            "failures": failures(recorder.records),  # the run's own `failure` and `recovery` records
             "filtered_groups": audit.filtered_groups,  # trainer.filter_groups: set aside, every segment
             "eval": eval_summary(recorder.records, cfg.eval.targets),
         },

@@ -48,6 +48,9 @@ def test_yaml_then_overrides(tmp_path):
         ("rollout.pipeline=sometimes", ["rollout.pipeline", "auto, on or off"]),
         ("task.lengths_file=/no/such/file", ["task.lengths_file", "one integer per line"]),
         ("rollout.start_timeout_s=0", ["rollout.start_timeout_s", "a positive number of seconds"]),
+        ("trainer.clip_low=0", ["trainer.clip_low", "in (0, 1)"]),
+        ("trainer.clip_high=0", ["trainer.clip_high", "positive"]),
+        ("trainer.is_cap=0", ["trainer.is_cap", "positive"]),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_valid(override, names):
@@ -118,3 +121,25 @@ def test_a_tool_that_does_not_load_is_named_before_anything_starts():
     with pytest.raises(ConfigError, match="task.max_turns=0"):
         load_config(None, ["task.max_turns=0"])
     assert load_config(None, ["task.tools=[python,calculator]"]).task.tools == ["python", "calculator"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [(f, v) for f in ("clip_low", "clip_high", "is_cap") for v in (-1, 0, 1e-9, 0.5, 0.99, 1, 5)],
+)
+def test_the_run_config_accepts_exactly_what_the_loss_accepts(field, value):
+    """A value the loss would refuse once Ray has started is refused when the config is read, and the reverse."""
+    from laminar.runtime.trainer_group import trainer_config
+    from laminar.trainer.grpo import GRPOConfig
+
+    try:
+        trainer_config(load_config(None, [f"trainer.{field}={value}"]), "unused", cuda=False)
+        config_ok = True
+    except ConfigError:
+        config_ok = False
+    try:
+        GRPOConfig(**{field: value})
+        loss_ok = True
+    except ValueError:
+        loss_ok = False
+    assert config_ok == loss_ok, f"trainer.{field}={value}: run config {config_ok}, loss {loss_ok}"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from laminar.data.codec import ROLES
+from laminar.tasks import TASKS, task_named
 
 SCHEMA = '{"prompt": a string or a list of {role, content} messages, ...}'
 
@@ -74,10 +75,8 @@ def check_prompt(prompt: Any, i: int, source: str, key: str = "prompt") -> str |
     return chat
 
 
-def normalise_row(
-    raw: Any, i: int, source: str, prompt_key: str = "prompt", keep: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """One row in the schema above; `keep` names other fields to carry as they are (a built-in task's)."""
+def normalise_row(raw: Any, i: int, source: str, prompt_key: str = "prompt") -> dict[str, Any]:
+    """One row in the schema above; its other fields are carried as they are."""
     if not isinstance(raw, dict):
         raise _fail(source, i, f"expected an object {SCHEMA}, got {type(raw).__name__}")
     if prompt_key not in raw:
@@ -117,7 +116,6 @@ def normalise_row(
     if extra is not None and not isinstance(extra, dict):
         raise _fail(source, i, f"field 'extra_info' must be an object, got {type(extra).__name__}")
     row["extra_info"] = extra or {}
-    row.update({k: raw[k] for k in keep if k in raw})
     # the row's other fields stay as they are: a custom reward may read them (verl puts them in extra_info)
     row.update({k: v for k, v in raw.items() if k not in row and k != prompt_key})
     return row
@@ -227,34 +225,22 @@ def load_rows(
 # ---- the run's rows ----------------------------------------------------------------------------------------
 def train_rows(cfg: Any) -> list[dict[str, Any]]:
     """`data.train_files` when set, else the rows `task.name` names (a built-in task or a .jsonl file)."""
-    from laminar.data.tasks import ReverseTask
-
     d, t = cfg.data, cfg.task
     if d.train_files:
         return load_rows(d.train_files, d.prompt_key, "train")
-    if t.name == "reverse":
-        made, keep = ReverseTask(seed=t.seed).rows(t.num_prompts), ()
-    elif t.name == "lengths":
-        from laminar.data.lengths import LengthWorkload
-
-        made = LengthWorkload.from_task(cfg).rows(t.num_prompts)
-        keep = ("sampling", "tool_script")  # each row fixes its response length (and its tool calls)
-    elif t.name == "arith":
-        from laminar.data.arith import ArithTask, parse_levels
-
-        made, keep = ArithTask(parse_levels(t.arith_levels), seed=t.seed).rows(t.num_prompts), ()
-    elif t.name == "tool_arith":
-        from laminar.data.tool_arith import ToolArithTask
-
-        made, keep = ToolArithTask(seed=t.seed).rows(t.num_prompts), ()
-    elif Path(t.name).suffix == ".jsonl":
+    if Path(t.name).suffix == ".jsonl":
         return load_file(t.name, d.prompt_key)
-    else:
-        raise ValueError(
-            f"task.name={t.name!r}: expected reverse, lengths, arith or tool_arith (built in) or a .jsonl file "
-            "of rows"
-        )
-    return [normalise_row(r, i, f"task {t.name}", keep=keep) for i, r in enumerate(made)]
+    made = task_named(t.name).rows(cfg)
+    return [normalise_row(r, i, f"task {t.name}") for i, r in enumerate(made)]
+
+
+def held_out_rows(cfg: Any) -> list[dict[str, Any]]:
+    """The built-in task's held-out split (rows training never draws), or [] when it has none."""
+    task = TASKS.get(cfg.task.name)
+    if task is None or task.held_out_rows is None:
+        return []
+    made = task.held_out_rows(cfg)
+    return [normalise_row(r, i, f"task {task.name} (held out)") for i, r in enumerate(made)]
 
 
 def val_rows(cfg: Any) -> list[dict[str, Any]]:

@@ -1,8 +1,7 @@
-"""`laminar warmup [--task reverse|tool_arith] --out DIR`: a built-in task's warm start, a tiny Llama taught the
-task by a short supervised run on demonstrations, stopped while it is still only partly right so that RL has
-something to improve. `reverse` is the demo's; `tool_arith` answers some problems with a calculator call and
-guesses the rest (`WarmupConfig.tool_share` of its demonstrations call the tool), so RL has to find that the
-tool pays. `--model DIR` warm-starts a Hugging Face model instead, through its own chat template."""
+"""`laminar warmup [--task NAME] --out DIR`: a built-in task's warm start, a tiny Llama taught the task by a short
+supervised run on the demonstrations the task makes (its `WarmStart` in `laminar.tasks`), stopped while it is
+still only partly right so that RL has something to improve; the demo starts from `reverse`'s. `--model DIR`
+warm-starts a Hugging Face model instead, through its own chat template."""
 
 from __future__ import annotations
 
@@ -17,13 +16,11 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from laminar.data.tasks import ReverseTask, TaskCodec, save_model_dir
+from laminar.data.tasks import TaskCodec, save_model_dir
+from laminar.tasks import DEMO, TASKS, WarmStart
+from laminar.tasks.task import Example
 
-TASKS = ("reverse", "tool_arith")
-Example = tuple[list[int], list[int]]  # token ids and the loss mask over them (1: trained)
-# tool_arith's run: long enough that the model writes calls and often copies the tool's output right, short
-# enough that it still guesses most answers without the tool (about 1 in 3 of its samples call it)
-TOOL_ARITH_STEPS = 1200
+WARM_STARTS = tuple(name for name, task in TASKS.items() if task.warm_start is not None)
 MODEL_LR = 3e-5  # a pretrained model's supervised steps (the tiny model's 3e-3 would wreck it)
 
 
@@ -44,34 +41,44 @@ class WarmupConfig:
     @classmethod
     def for_task(cls, task: str) -> WarmupConfig:
         """Each task's own warm start: its length of supervised run, stopped while still partly right."""
-        check_task(task)
-        return cls(steps=TOOL_ARITH_STEPS) if task == "tool_arith" else cls()
+        steps = warm_start_of(task).steps
+        return cls() if steps is None else cls(steps=steps)
 
 
-def check_task(task: str) -> None:
-    if task not in TASKS:
-        raise ValueError(f"warm start for task {task!r}: the built-in tasks with one are {', '.join(TASKS)}")
+def warm_start_of(task: str) -> WarmStart:
+    start = TASKS[task].warm_start if task in TASKS else None
+    if start is None:
+        raise ValueError(
+            f"warm start for task {task!r}: the built-in tasks with one are {', '.join(WARM_STARTS)}"
+        )
+    return start
+
+
+def tiny_warm_start(task: str) -> str:
+    """The task whose tiny model a run of `task` without `model.path` starts from: its own, else the demo's."""
+    start = TASKS[task].warm_start if task in TASKS else None
+    return task if start is not None and start.codec is not None else DEMO
 
 
 # Bumped when the directory's contents change meaning: 2 = its tokenizer puts BOS before a prompt by itself.
 FORMAT = 2
 
 
-def is_current(path: Path, task: str = "reverse") -> bool:
+def is_current(path: Path, task: str = DEMO) -> bool:
     """A warm start of `task` built by this version (an older one would read prompts differently)."""
     info = path / "warmup.json"
     if not ((path / "config.json").is_file() and info.is_file()):
         return False
     made = json.loads(info.read_text())
-    return made.get("format") == FORMAT and made.get("task", "reverse") == task
+    return made.get("format") == FORMAT and made.get("task", DEMO) == task
 
 
-def default_warmup_dir(task: str = "reverse") -> Path:
+def default_warmup_dir(task: str = DEMO) -> Path:
     """Where a task's warm start is kept: `runs/warmup` (the demo's; `runs/warmup-TASK` for another task) in the
     source checkout laminar runs from (found from this file, not the working directory), else the user's cache
     when laminar is installed as a package."""
-    check_task(task)
-    name = "warmup" if task == "reverse" else f"warmup-{task.replace('_', '-')}"
+    warm_start_of(task)
+    name = "warmup" if task == DEMO else f"warmup-{task.replace('_', '-')}"
     root = Path(__file__).resolve().parents[2]
     if (root / "pyproject.toml").is_file() and (root / "laminar").is_dir():
         return root / "runs" / name
@@ -79,39 +86,19 @@ def default_warmup_dir(task: str = "reverse") -> Path:
 
 
 def task_codec(task: str) -> TaskCodec:
-    """The tokenizer a task's warm start is built with (and saved beside its weights)."""
-    check_task(task)
-    if task == "tool_arith":
-        from laminar.data.tool_arith import tool_tokenizer
-
-        return TaskCodec(tool_tokenizer(), source="the tool_arith tokenizer")
-    return TaskCodec()
+    """The tokenizer a task's tiny warm start is built with (and saved beside its weights)."""
+    start = warm_start_of(task)
+    if start.codec is None:
+        raise ValueError(
+            f"task {task!r} is warm-started only from a Hugging Face model (its prompts go through a chat "
+            "template): give --model DIR"
+        )
+    return start.codec()
 
 
 def examples_of(task: str, codec: TaskCodec, cfg: WarmupConfig) -> Callable[[random.Random], Example]:
     """One demonstration a call: the task's prompt and the response the model should learn to write."""
-    check_task(task)
-    if task == "tool_arith":
-        from laminar.data.tool_arith import ToolArithTask, demonstration
-        from laminar.tools.builtin import calculator
-
-        arith = ToolArithTask()
-
-        def tool_example(rng: random.Random) -> Example:
-            row = arith.make_row(rng)
-            use_tool = rng.random() < cfg.tool_share
-            output = calculator(row["extra_info"]["expression"]).text if use_tool else ""
-            return demonstration(codec, row, use_tool, output)
-
-        return tool_example
-    reverse = ReverseTask()
-
-    def reverse_example(rng: random.Random) -> Example:
-        row = reverse.make_row(rng)
-        prompt, answer = codec.encode_prompt(row["prompt"]), codec.encode_answer(row["answer"])
-        return prompt + answer, [0] * len(prompt) + [1] * len(answer)
-
-    return reverse_example
+    return warm_start_of(task).examples(codec, cfg)
 
 
 def build_demo_model(
@@ -151,7 +138,7 @@ def supervised_batch(examples: list[Example], pad_id: int) -> dict[str, torch.Te
 def warmup(
     out: str | Path,
     cfg: WarmupConfig | None = None,
-    task: str = "reverse",
+    task: str = DEMO,
     log: bool = True,
     model_path: str | Path | None = None,
 ) -> Path:
@@ -170,7 +157,7 @@ def warmup(
 
         from laminar.trainer.trainer import check_model_dir
 
-        check_task(task)
+        warm_start_of(task)
         codec = TaskCodec.from_dir(check_model_dir(model_path))
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).train()
     example = examples_of(task, codec, cfg)
@@ -207,7 +194,7 @@ def warmup(
         "params": n_params,
         "steps": cfg.steps,
         "device": cfg.device,
-        **({"tool_share": cfg.tool_share} if task == "tool_arith" else {}),
+        **{name: getattr(cfg, name) for name in warm_start_of(task).reads},
         "seconds": round(time.perf_counter() - t0, 1),
     }
     (out / "warmup.json").write_text(json.dumps(info, indent=2))
@@ -218,11 +205,11 @@ def warmup(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="laminar warmup", description=__doc__)
-    ap.add_argument("--task", choices=TASKS, default="reverse", help="the built-in task (default: reverse)")
+    ap.add_argument("--task", choices=WARM_STARTS, default=DEMO, help=f"the built-in task (default: {DEMO})")
     ap.add_argument(
         "--out",
         default=None,
-        help=f"directory for the HF model (default: {default_warmup_dir()} for reverse, runs/warmup-TASK for "
+        help=f"directory for the HF model (default: {default_warmup_dir()} for {DEMO}, runs/warmup-TASK for "
         "another task: where `laminar train` looks for it)",
     )
     ap.add_argument("--steps", type=int, default=None, help="supervised steps (default: the task's own)")
@@ -258,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--steps {args.steps}: a warm start needs at least 1 supervised step")
     if args.model and not args.out:
         ap.error("--model needs --out: the default directories hold the tiny model's warm starts")
+    if not args.model and warm_start_of(args.task).codec is None:
+        ap.error(
+            f"--task {args.task} is warm-started only from a Hugging Face model: give --model DIR and --out"
+        )
     cfg = replace(WarmupConfig.for_task(args.task), seed=args.seed, device=args.device)
     if args.batch_size is not None and args.batch_size < 1:
         ap.error(f"--batch-size {args.batch_size}: a step needs at least 1 demonstration")

@@ -2,10 +2,11 @@
 
 Gumbel-max: token = argmax(logits / T + g), where g = -log(-log(u)) and u comes from a counter-based hash of
 (request key, position, token id). A request's key mixes its seed and id, so it carries the same stream to any
-engine, and rows never share state. The log-prob returned is of the sampled token under softmax(logits / T) (plain
-softmax when greedy), the quantity the trainer recomputes. On CUDA Triton kernels read each row of logits once
-(noise, argmax and log-sum-exp together, over slices of the vocabulary in parallel); top-k/top-p rows take the
-torch path.
+engine, and rows never share state. The log-prob returned is of the sampled token under the distribution it was
+drawn from: softmax(logits / T) (T = 1 when greedy), restricted to the row's top-k then top-p set and renormalised
+when the row has one (`keep_threshold`, which the trainer applies to its own logits). On CUDA Triton kernels read
+each row of logits once (noise, argmax and log-sum-exp together, over slices of the vocabulary in parallel);
+top-k/top-p rows take the torch path.
 """
 
 from __future__ import annotations
@@ -95,16 +96,28 @@ def gumbel_argmax(
     return best_idx
 
 
+def keep_threshold(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[B] the least value each row of `scaled` [B, V] keeps under top-k then top-p: its `top_k` largest entries
+    (0: all), then the fewest of those, best first, whose probability renormalised over them reaches `top_p` (1:
+    all of them). A row keeps every entry >= its threshold (ties at the cut all stay; the best always does).
+    `top_k` [B] int64 and `top_p` [B] float32 on `scaled`'s device."""
+    k_min, k_max = top_k.aminmax()
+    k_min, k_max = int(k_min), int(k_max)
+    if k_min > 0 and k_max < scaled.shape[-1]:  # every row cut to k: the k largest are enough
+        top = scaled.topk(k_max, dim=-1).values
+    else:
+        top = scaled.sort(dim=-1, descending=True).values
+    rank = torch.arange(top.shape[-1], device=scaled.device)[None, :]
+    keep = (top_k[:, None] <= 0) | (rank < top_k[:, None])
+    probs = top.masked_fill(~keep, float("-inf")).softmax(-1)
+    keep &= (top_p[:, None] >= 1) | (probs.cumsum(-1) - probs < top_p[:, None])
+    last = keep.sum(-1).clamp_(min=1) - 1  # keep is a prefix of the sorted row
+    return top.gather(1, last[:, None])[:, 0]
+
+
 def _filter_top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """-inf outside each row's top-k and nucleus (always keeping the best token)."""
-    sorted_vals, order = scaled.sort(dim=-1, descending=True)
-    rank = torch.arange(scaled.shape[-1], device=scaled.device)[None, :]
-    drop = (top_k[:, None] > 0) & (rank >= top_k[:, None])
-    probs = sorted_vals.softmax(-1)
-    drop |= (probs.cumsum(-1) - probs) > top_p[:, None]
-    drop[:, 0] = False
-    mask = torch.zeros_like(drop).scatter_(1, order, drop)
-    return scaled.masked_fill(mask, float("-inf"))
+    """-inf outside each row's top-k then top-p set (`keep_threshold`)."""
+    return scaled.masked_fill(scaled < keep_threshold(scaled, top_k, top_p)[:, None], float("-inf"))
 
 
 def sample_torch(
@@ -116,15 +129,12 @@ def sample_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference and CPU path. logits [B, V] float32 -> (tokens [B] int64, logprobs [B] float32)."""
     greedy = temperature <= 0
+    all_greedy = bool(greedy.all())
     scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
+    if bool(((top_k > 0) | (top_p < 1)).any()):  # the distribution drawn from, and the one its log-prob is of
+        scaled = _filter_top_k_top_p(scaled, top_k, top_p)
     lse = torch.logsumexp(scaled, dim=-1)
-    if bool(greedy.all()):
-        tokens = scaled.argmax(-1)
-    else:
-        score = scaled
-        if bool(((top_k > 0) | (top_p < 1)).any()):
-            score = _filter_top_k_top_p(scaled, top_k, top_p)
-        tokens = gumbel_argmax(score, keys, greedy)
+    tokens = scaled.argmax(-1) if all_greedy else gumbel_argmax(scaled, keys, greedy)
     logprobs = scaled.gather(1, tokens[:, None])[:, 0] - lse
     return tokens, logprobs
 

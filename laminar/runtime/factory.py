@@ -75,16 +75,15 @@ class ScorerRecipe:
 
     def __call__(self) -> Any:
         from laminar.data.codec import TaskCodec
-        from laminar.rewards.loader import DEFAULT_REWARD, RewardScorer
+        from laminar.rewards.loader import RewardScorer
+        from laminar.rewards.stop import reward_path
 
         codec = TaskCodec.from_dir(self.model_path, stop_token_ids=self.stop_token_ids)
-        default = {
-            "lengths": "laminar.data.lengths:length_reward",
-            "arith": "laminar.rewards.math:default_score",
-            "tool_arith": "laminar.rewards.tool_arith:tool_arith_reward",
-        }.get(self.task, DEFAULT_REWARD)
         return RewardScorer(
-            self.reward or default, codec.decode, timeout_s=self.timeout_s, decode_turns=codec.response_text
+            reward_path(self.task, self.reward),
+            codec.decode,
+            timeout_s=self.timeout_s,
+            decode_turns=codec.response_text,
         )
 
 

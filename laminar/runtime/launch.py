@@ -18,6 +18,7 @@ from laminar.config import Config
 from laminar.data.records import Trajectory
 from laminar.manager.manager import RolloutFailure, RolloutManager
 from laminar.relay.relay import RelaySettings
+from laminar.rewards.stop import FailingRewards
 from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor
 from laminar.runtime.checkpoint import restore_checkpoint, write_checkpoint
 from laminar.runtime.evaluation import Evaluator
@@ -46,26 +47,9 @@ def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
 def eval_rows(cfg: Config) -> list[dict[str, Any]]:
     """The held-out set: `data.val_files`, else the built-in task's held-out split (rows never drawn for
     training), else none."""
-    from laminar.data.dataset import normalise_row, val_rows
-    from laminar.data.tasks import ReverseTask
+    from laminar.data.dataset import held_out_rows, val_rows
 
-    if cfg.data.val_files:
-        return val_rows(cfg)
-    if cfg.task.name == "reverse":  # another seed than training's
-        made = ReverseTask(seed=cfg.task.seed + 1_000_003).rows(cfg.eval.num_prompts)
-        return [normalise_row(r, i, "task reverse (held out)") for i, r in enumerate(made)]
-    if cfg.task.name == "tool_arith":  # another seed than training's
-        from laminar.data.tool_arith import ToolArithTask
-
-        made = ToolArithTask(seed=cfg.task.seed + 1_000_003).rows(cfg.eval.num_prompts)
-        return [normalise_row(r, i, "task tool_arith (held out)") for i, r in enumerate(made)]
-    if cfg.task.name == "arith":  # problems whose expressions training never draws
-        from laminar.data.arith import ArithTask, parse_levels
-
-        task = ArithTask(parse_levels(cfg.task.arith_levels), seed=cfg.task.seed)
-        made = task.held_out_rows(cfg.eval.num_prompts)
-        return [normalise_row(r, i, "task arith (held out)") for i, r in enumerate(made)]
-    return []
+    return val_rows(cfg) if cfg.data.val_files else held_out_rows(cfg)
 
 
 def _alive(_actor: Any) -> bool:
@@ -96,12 +80,12 @@ class Runtime:
     trainer_spec: tuple[dict[str, Any], Any] | None = None
     last_checkpoint: Path | None = None
     since_checkpoint: list[list[list[Trajectory]]] = field(default_factory=list)  # batches to replay
-    trainer_restarts: int = 0
     filtered: list[list[Trajectory]] = field(default_factory=list)  # set aside by `take`, recorded by `train`
     consumed_early: int = 0  # groups of the coming step already counted as consumed by the manager
     t_taken: float = 0.0  # when the last batch came from the buffer
     evaluator: Evaluator | None = None
     end_ids: tuple[int, ...] = ()  # every token that ends a response: the model's, the tokenizer's, the run's
+    failing_rewards: FailingRewards = field(default_factory=lambda: FailingRewards(0))  # the stop rule
 
     # ---- start ---------------------------------------------------------------------------------------------
     @classmethod
@@ -124,6 +108,7 @@ class Runtime:
         t, r, cuda = cfg.trainer, cfg.rollout, use_cuda(cfg)
         codec = TaskCodec.from_config(model_path, cfg)
         rt.end_ids = codec.end_ids
+        rt.failing_rewards = FailingRewards(cfg.task.reward_fail_groups)
         # The control plane lives on the driver's machine: losing any other machine never takes it down.
         recorder.log("phase", what="placing the prompt pool, experience buffer and manager")
         here = on_driver_node()
@@ -267,6 +252,7 @@ class Runtime:
                 self.evaluator.poll()
         groups = ray.get(ref)
         self.t_taken = time.time()
+        self.failing_rewards.see(groups)  # raises RewardFailure before a step trains on nothing but failures
         return groups
 
     def follow_master(self) -> None:
@@ -379,13 +365,32 @@ class Runtime:
                 out[v] = max(done) - t_pub
         return out
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self, settle: bool = False) -> dict[str, Any]:
+        """Stop the rollouts and write the `end` record. `settle` (a run that ended normally): first every
+        replica and relay is asked once more, so a failure not noticed yet (a machine lost in the last steps) is
+        counted and the dead replicas' work is recovered onto live ones, in flight at the end rather than lost
+        (`Supervisor.settle`); bounded by one `rollout.dead_after_s` and the recovery's own timeouts."""
         # A batch taken for a step that never finished (Ctrl-C) goes back to the buffer before anything is
         # recorded or checkpointed.
         returned = ray.get(self.buffer.return_lent.remote(), timeout=self.cfg.run.timeout_s)
         if returned:
             self.recorder.log("returned_to_buffer", groups=returned)
-        report = ray.get(self.manager.stop.remote(), timeout=self.cfg.run.timeout_s)
+        wait = self.cfg.run.timeout_s + (2 * self.cfg.rollout.dead_after_s if settle else 0)
+        if settle:
+            self.recorder.log(
+                "phase",
+                what="stopping: every replica and relay is asked once more (a failure not noticed yet is counted "
+                f"and its work recovered; at most {wait:g} s)",
+            )
+        try:
+            report = ray.get(self.manager.stop.remote(settle), timeout=wait)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(
+                f"stopping the rollouts took over {wait:g} s (run.timeout_s"
+                + (" + 2 x rollout.dead_after_s: the last look at every replica and relay, and the recovery "
+                   "of the work of those found dead" if settle else "")
+                + "); the rollout manager did not answer"
+            ) from None
         self.replicas = ray.get(self.manager.live_replicas.remote(), timeout=self.cfg.run.timeout_s)
         self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
         for rid, ref in [(rid, a.stop.remote()) for rid, a in self.replicas.items()]:
@@ -442,7 +447,6 @@ class Runtime:
         """The trainer died: a new one loads the last checkpoint and trains again on every batch consumed since
         (the driver kept them), so it stands where the dead one stood; the rollouts never stopped meanwhile."""
         t = self.cfg.run.timeout_s
-        self.trainer_restarts += 1
         self.recorder.log("failure", what="trainer", version=self.version)
         self.trainer.kill()  # every rank: a survivor would wait in a collective for the dead one
         self.trainer = self._start_trainer()

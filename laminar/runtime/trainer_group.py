@@ -154,6 +154,8 @@ def trainer_config(cfg: Config, model_path: str, cuda: bool) -> Any:
         clip_low=t.clip_low,
         clip_high=t.clip_high,
         temperature=r.temperature if r.temperature > 0 else 1.0,
+        top_k=r.top_k,
+        top_p=r.top_p,
         proximal="behaviour" if t.correction == "none" else "trainer",
         is_correction=t.correction,
         is_cap=t.is_cap,

@@ -16,6 +16,8 @@ class GRPOConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     temperature: float = 1.0
+    top_k: int = 0  # the rollout's truncation, so the trainer's log-probs are of the distribution sampled
+    top_p: float = 1.0
     proximal: str = "behaviour"  # "behaviour" | "trainer"
     is_correction: str = "none"  # "none" | "tis" | "mis"
     is_cap: float = 2.0
@@ -34,6 +36,12 @@ class GRPOConfig:
         for name in ("clip_low", "clip_high", "temperature", "is_cap"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"grpo.{name}={getattr(self, name)}: must be > 0")
+        if self.clip_low >= 1:
+            raise ValueError(f"grpo.clip_low={self.clip_low}: must be < 1 (the lower clip is 1 - clip_low)")
+        if self.top_k < 0:
+            raise ValueError(f"grpo.top_k={self.top_k}: must be >= 0 (0 = off)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"grpo.top_p={self.top_p}: must be in (0, 1]")
         if self.kl_coef < 0:
             raise ValueError(f"grpo.kl_coef={self.kl_coef}: must be >= 0")
 
@@ -72,6 +80,20 @@ def importance_weights(
     return torch.ones_like(w)
 
 
+# the metric sums `grpo_loss` returns ("kl_sum" too with a reference); a sharded trainer reduces exactly these
+LOSS_METRICS = (
+    "clip_frac_sum",
+    "ratio_sum",
+    "is_weight_sum",
+    "is_masked_sum",
+    "mismatch_abs_sum",
+    "mismatch_kl_sum",
+    "mismatch_same_abs_sum",
+    "mismatch_same_tokens",
+    "tokens",
+)
+
+
 def grpo_loss(
     logp: torch.Tensor,
     behaviour: torch.Tensor,
@@ -81,12 +103,17 @@ def grpo_loss(
     num_tokens: int | float,
     proximal: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
+    same_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Sum of per-token losses divided by `num_tokens`, the response-token count of the whole mini-batch, so
     micro-batches accumulate to a token-level mean (long responses weigh by their length, as in DAPO).
 
     All tensors are [batch, time]; `mask` is 1 on response tokens. Metrics are sums over this micro-batch's
     masked tokens (keys ending in `_sum`) so the caller can average them over the mini-batch.
+
+    `same_weights` is 1 on tokens whose rollout ran the very weights the train log-prob (`proximal`, else
+    `logp`) was computed with: there the train/rollout mismatch is numerical alone (kernels, precision); on the
+    others it also holds the policy's drift since the rollout's version. The two are reported apart.
     """
     mask = mask.float()
     old = behaviour if cfg.proximal == "behaviour" else proximal
@@ -99,7 +126,9 @@ def grpo_loss(
     kl = None
     if cfg.kl_coef > 0 and ref_logp is not None:
         d = torch.where(mask > 0, ref_logp.detach() - logp, 0.0)  # exp() of padding could overflow to inf
-        kl = torch.exp(d) - d - 1.0  # k3 estimator of KL(pi || ref)
+        # k3: its value estimates KL(pi || ref) on the policy's samples; as a loss (samples fixed) its gradient
+        # is, in expectation, that of KL(ref || pi)
+        kl = torch.exp(d) - d - 1.0
         per_token = per_token + cfg.kl_coef * kl
     loss = (per_token * mask).sum() / max(float(num_tokens), 1.0)
 
@@ -118,6 +147,9 @@ def grpo_loss(
             "mismatch_kl_sum": float(((torch.exp(train_vs_rollout) - 1.0 - train_vs_rollout) * mask).sum()),
             "tokens": float(mask.sum()),
         }
+        same = mask * (same_weights.float() if same_weights is not None else torch.zeros_like(mask))
+        metrics["mismatch_same_abs_sum"] = float((train_vs_rollout.abs() * same).sum())
+        metrics["mismatch_same_tokens"] = float(same.sum())
         if kl is not None:
             metrics["kl_sum"] = float((kl * mask).sum())
     return loss, metrics

@@ -69,3 +69,36 @@ def nonfinite(tr, out: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
         out.write_text("published")
     except NonFiniteError as e:
         out.write_text(str(e))
+
+
+def uneven_main(rank: int, world: int, port: int, out: str) -> None:
+    """One step on `uneven_batch()` with the KL term on; writes how many real micro-batches this rank ran."""
+    from datetime import timedelta
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from laminar.trainer.trainer import Trainer
+    from tests.trainer.test_sharded import model
+    from tests.trainer.test_sharded_uneven import UNEVEN_CFG, uneven_batch
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        tr = Trainer(UNEVEN_CFG, model=model(), rank=rank, world=world)
+        groups = uneven_batch()
+        plan = tr.plan([t.num_tokens for g in groups for t in g])
+        (Path(out) / f"micro{rank}.txt").write_text(str(sum(m is not None for _, mbs in plan for m in mbs)))
+        metrics = tr.train_step(groups)
+        full = {k: v.full_tensor() for k, v in tr.model.state_dict().items()}
+        if rank == 0:
+            save_file(
+                {k: v.contiguous() for k, v in full.items()}
+                | {"metric.loss": torch.tensor([metrics["loss"]])},
+                os.path.join(out, "params.safetensors"),
+            )
+    finally:
+        dist.destroy_process_group()
