@@ -12,8 +12,9 @@ A numeric ground truth takes one plain number, compared exactly (`\\boxed{1/2}` 
 `8500\\%` for 85: a policy learns to restate the question) nor a hedge (`5 or 6`, `5\\text{, maybe 6}`). Any
 other ground truth is compared by value with `math-verify` (`\\frac{\\pi}{2}` is right for `\\pi/2`).
 
-math-verify bounds its own parsing with SIGALRM, which only works on a process's main thread; rewards run on
-helper threads, so that timeout is off here and `RewardScorer`'s `task.reward_timeout_s` bounds the call.
+math-verify bounds its own parsing with SIGALRM, whose handler is Python code and cannot stop a computation in C
+(`9^{9^{9}}` against a symbolic truth: 9**387420489), so that timeout is off here; `RewardScorer` runs the call
+in a worker process and kills it at `task.reward_timeout_s`.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 The loop is the design's, section 3: pull the newest version from the node's relay, ask the manager for prompt
 groups, decode them to the end (streaming progress to the partial response pool, scoring finished trajectories
-off the decode loop), and start again. The manager's repack and recovery commands (export, import) are applied
-by the loop thread between two engine steps, so the engine is only ever touched by one thread.
+off the decode loop, their rewards in the scorer's worker processes), and start again. The manager's repack and
+recovery commands (export, import) are applied by the loop thread between two engine steps, so the engine is only
+ever touched by one thread.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from laminar.data.records import PromptGroup, Trajectory, is_eval
 from laminar.rewards.loader import ScoringPool
 from laminar.rollout.inflight import InFlight, sample_seed
 
-SCORE_WORKERS = 4  # threads a replica scores finished trajectories on
+# threads a replica scores finished trajectories on: each decodes a response and waits while its reward runs in
+# one of the scorer's worker processes (`laminar.rewards.loader.REWARD_PROCESSES`)
+SCORE_WORKERS = 4
 # How long an export waits for the tool calls of the requests it moves (off the decode loop). A call still running
 # after that keeps its request here: a tool runs once per turn, and only recovery may run one again.
 TOOL_EXPORT_WAIT_S = 1.0
@@ -118,7 +121,7 @@ class RolloutReplica:
         if self.tools is not None:  # the benchmark's tool workload scripts its calls per row
             self.tools.script_of = self._tool_script
         self.commands: queue.Queue[_Command] = queue.Queue()
-        # several scoring threads: a reward that hangs until its timeout holds one, not every group after it
+        # a reward that hangs until its timeout holds one worker process, not every group after it; `stop` ends them
         self.scoring = ScoringPool(scorer, SCORE_WORKERS, name=f"score-{replica_id}")
         self.stop_event = threading.Event()
         self.tokens_generated = 0

@@ -2,7 +2,6 @@
 
 import concurrent.futures as cf
 import math
-import threading
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from laminar.data.tasks import TaskCodec
 from laminar.rewards.loader import RewardScorer, ScoringPool, check_reward
 
 CODEC = TaskCodec()
+FNS = "tests.rewards.reward_fns"  # rewards run in worker processes, which import them by dotted path
 
 
 def traj(tid: str = "3:1") -> Trajectory:
@@ -32,9 +32,10 @@ def traj(tid: str = "3:1") -> Trajectory:
     ],
 )
 def test_a_reward_that_is_not_a_finite_number_scores_zero_and_is_counted(value, kind):
-    scorer = RewardScorer(lambda response, row: value, CODEC.decode)
+    scorer = RewardScorer(f"{FNS}:value_of_row", CODEC.decode)
     t = traj()
-    assert scorer.score(t, {"row": 11}) == 0.0 and t.reward == 0.0
+    assert scorer.score(t, {"row": 11, "value": value}) == 0.0 and t.reward == 0.0
+    scorer.close()
     assert scorer.stats() == {"scored": 1, "reward_errors": 1}
     [error] = scorer.drain_errors()
     assert error["traj_id"] == "3:1" and error["row"] == 11 and error["error_kind"] == kind
@@ -49,51 +50,33 @@ def test_finite_real_numbers_pass_as_floats(value):
 
 
 def test_a_raising_reward_scores_zero_with_its_message():
-    def judge(response, row):
-        raise KeyError("answer")
-
-    scorer = RewardScorer(judge, CODEC.decode, timeout_s=5.0)
+    scorer = RewardScorer(f"{FNS}:raises_key_error", CODEC.decode, timeout_s=5.0)
     t = traj("7:0")
     assert scorer.score(t, {"row": 2}) == 0.0
+    scorer.close()
     [error] = scorer.drain_errors()
     assert error == {"traj_id": "7:0", "row": 2, "error_kind": "raised", "error": "KeyError: 'answer'"}
     assert "Traceback" in t.meta["reward_error"]
 
 
 def test_a_reward_past_its_timeout_scores_zero_and_the_next_call_is_not_held_up():
-    release = threading.Event()
-    calls = []
-
-    def slow_then_fast(response, row):
-        calls.append(row["row"])
-        if row["row"] == 0:
-            release.wait(30)  # hangs until the test lets it go
-        return 1.0
-
-    scorer = RewardScorer(slow_then_fast, CODEC.decode, timeout_s=0.2)
+    scorer = RewardScorer(f"{FNS}:sleeps_on_row_zero", CODEC.decode, timeout_s=0.2)
     try:
-        assert scorer.score(traj("0:0"), {"row": 0}) == 0.0
-        assert scorer.score(traj("1:0"), {"row": 1}) == 1.0  # a fresh thread, not queued behind the hung one
+        assert scorer.score(traj("0:0"), {"row": 0}) == 0.0  # row 0 sleeps for a minute: killed at 0.2 s
+        assert scorer.score(traj("1:0"), {"row": 1}) == 1.0  # another process, not queued behind the hung one
     finally:
-        release.set()
+        scorer.close()
     [error] = scorer.drain_errors()
-    assert error["error_kind"] == "timeout" and "0.2s" in error["error"] and calls == [0, 1]
+    assert error["error_kind"] == "timeout" and "0.2s" in error["error"]
     with pytest.raises(ValueError, match="timeout_s=0"):
-        RewardScorer(slow_then_fast, CODEC.decode, timeout_s=0)
+        RewardScorer(f"{FNS}:one", CODEC.decode, timeout_s=0)
 
 
 def test_a_reward_slower_than_its_timeout_does_not_hold_up_the_trajectories_finished_after_it():
     """How a replica scores: trajectory 0's reward hangs past its timeout; the three finished after it are
-    stored first (with a single scoring thread they would queue behind it), then 0 with score 0 and its error."""
-    release = threading.Event()
+    stored first (with a single worker process they would queue behind it), then 0 with score 0 and its error."""
     stored: list[str] = []
-
-    def hangs_on_row_zero(response, row):
-        if row["row"] == 0:
-            release.wait(60)
-        return 1.0
-
-    scoring = ScoringPool(RewardScorer(hangs_on_row_zero, CODEC.decode, timeout_s=2.0), workers=2)
+    scoring = ScoringPool(RewardScorer(f"{FNS}:sleeps_on_row_zero", CODEC.decode, timeout_s=2.0), workers=2)
     try:
         trajs = [traj(f"{i}:0") for i in range(4)]
         futures = [
@@ -101,7 +84,6 @@ def test_a_reward_slower_than_its_timeout_does_not_hold_up_the_trajectories_fini
         ]
         done, _ = cf.wait(futures, timeout=60)
     finally:
-        release.set()
         scoring.shutdown()
     assert len(done) == 4 and all(f.exception() is None for f in futures)
     assert stored == ["1:0", "2:0", "3:0", "0:0"]
@@ -112,7 +94,7 @@ def test_a_reward_slower_than_its_timeout_does_not_hold_up_the_trajectories_fini
 
 
 def test_a_failed_store_fails_the_future_so_the_replica_can_declare_itself_dead():
-    scoring = ScoringPool(RewardScorer(lambda response, row: 1.0, CODEC.decode))
+    scoring = ScoringPool(RewardScorer(f"{FNS}:one", CODEC.decode))
 
     def store(t):
         raise TimeoutError("buffer did not answer")

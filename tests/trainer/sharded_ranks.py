@@ -97,7 +97,7 @@ def uneven_main(rank: int, world: int, port: int, out: str) -> None:
         if rank == 0:
             save_file(
                 {k: v.contiguous() for k, v in full.items()}
-                | {"metric.loss": torch.tensor([metrics["loss"]])},
+                | {"metric.loss": torch.tensor([metrics["loss"], metrics["idle_passes"]])},
                 os.path.join(out, "params.safetensors"),
             )
     finally:

@@ -62,6 +62,7 @@ def test_uneven_micro_batches_with_kl_finish_and_match_one_process(world, tmp_pa
     got = run(tmp_path, world)
     counts = [int((tmp_path / f"micro{r}.txt").read_text()) for r in range(world)]
     assert len(set(counts)) > 1, counts  # the ranks really had different amounts of work
+    assert got["metric.loss"].tolist()[1] == sum(max(counts) - c for c in counts)  # each gap filled, reported
     for k, v in ref.model.state_dict().items():
         if k != "lm_head.weight":
             assert float((got[k] - v).abs().max()) <= 1e-5, k
