@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a group's samples share its prompt's KV blocks (on, the engine's way) or each prefills it (off)",
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--out", default="results/engine-batches")
+    ap.add_argument("--out", default="runs/engine-batches")
     ap.add_argument(
         "--compare", nargs="+", metavar="JSON", help="plot earlier batches.json files, run nothing"
     )

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="dotted overrides applied to every schedule")
     ap.add_argument("--schedules", default="laminar,sync,one_step")
     ap.add_argument("--targets", default="0.5", help="accuracies whose first wall time is reported")
-    ap.add_argument("--out", default="results/convergence")
+    ap.add_argument("--out", default="runs/convergence")
     args = ap.parse_args(argv)
     from laminar.train import train
 

@@ -311,7 +311,7 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu"
     )
-    p.add_argument("--out", default="results")
+    p.add_argument("--out", default="runs/engine")
     p.add_argument("--model", nargs="+", default=None, help=f"{sorted(SHAPES)} or a local HF directory")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None)
     p.add_argument(

@@ -273,7 +273,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--warmup", type=int, default=3, help="versions first published unmeasured (default 3)")
     p.add_argument("--no-store-and-forward", action="store_true", help="skip the one-chunk reference chain")
     p.add_argument("--tls", action="store_true", help="also measure the pipelined chain over TLS (relay.tls)")
-    p.add_argument("--out", default="results/relay", help="output folder (default results/relay)")
+    p.add_argument("--out", default="runs/relay", help="output folder (default runs/relay)")
     args = p.parse_args(argv)
     if args.relays < 1 or args.mb < 1:
         p.error(f"--relays ({args.relays}) and --mb ({args.mb}) must be at least 1")

@@ -48,7 +48,7 @@ CPU_DEFAULTS = [
     "trainer.group_size=4",
     "trainer.steps=30",
     "trainer.warmup_steps=3",
-    "repack.batch_limit_b=64",  # B on this CPU for the demo model (results/engine-cpu.json)
+    "repack.batch_limit_b=64",  # B on this CPU for the demo model (results/engine/engine-cpu.json)
     "buffer.capacity_groups=12",
     "schedule.staleness=2",
 ]
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--config", default=None, help="YAML config for every schedule (default: the CPU workload)"
     )
-    ap.add_argument("--out", default="results/schedules-cpu")
+    ap.add_argument("--out", default="runs/schedules-cpu")
     ap.add_argument("--only", default="", help="comma-separated labels to run (default: all)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides applied to every schedule")
     ap.add_argument(

@@ -414,7 +414,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--publishes", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--profile", action="store_true", help="also profile one step (operators by device time)")
-    ap.add_argument("--out", default="results/trainer-bench")
+    ap.add_argument("--out", default="runs/trainer-bench")
     return ap
 
 

@@ -1,17 +1,22 @@
-"""Fit the cost model's decode efficiency to our engine benchmark (`laminar bench engine` on a GPU).
+"""Fit the cost model to our benchmarks. Every fit takes the benchmark's files explicitly; the values fitted on
+the committed measurements are constants in `laminar.sim.measured`, what `laminar simulate` uses without files.
 
-The benchmark writes, per batch size, the measured decode step and the bytes a step must read (weights plus
-KV). Where decode is memory-bound (batch <= 64) the ratio of the datasheet roofline to the measured step is
-the engine's efficiency; its median becomes `decode_mem_eff`, with the per-step overhead folded into it
-(`step_overhead_s = 0`): two constants cannot be told apart on these rows. The efficiency carries over to
-the simulated card; its bandwidth and memory stay as configured (an H200 measurement calibrates an H800
-simulation). Only the largest model's rows are used. CPU runs are ignored: they say nothing about an H100.
+- Decode (`from_engine_bench`, `laminar bench engine` on a GPU). The benchmark writes, per batch size, the
+  measured decode step and the bytes a step must read (weights plus KV). Where decode is memory-bound
+  (batch <= 64) the ratio of the datasheet roofline to the measured step is the engine's efficiency; its
+  median becomes `decode_mem_eff`, with the per-step overhead folded into it (`step_overhead_s = 0`): two
+  constants cannot be told apart on these rows. The efficiency carries over to the simulated card; its
+  bandwidth and memory stay as configured (an H200 measurement calibrates an H800 simulation). Only the
+  largest model's rows are used. CPU runs are ignored: they say nothing about an H100.
+- The trainer's MFU (`from_trainer_rows`, `laminar bench trainer` rows).
+- Every constant of the small GPU schedule benchmark (`from_schedule_bench`), for `laminar simulate --validate`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -44,42 +49,73 @@ def from_engine_bench(path: str | Path, base: CostModel) -> tuple[CostModel, str
     return fitted, note
 
 
-def from_trainer_bench(paths: list[str | Path], base: CostModel, params: float) -> tuple[CostModel, str]:
-    """`train_mfu` from `laminar bench trainer` on a GPU (results/trainer/*/trainer.json): the row whose model is
-    nearest the simulated one in parameters (on a log scale), preferring a sharded trainer (ranks > 1), as the
-    simulated trainer is. The bench's step includes the optimizer, so `train_step_overhead_s` stays as
-    configured (a conservative extra for gathers and data loading at scale). CPU rows are ignored, and so are
-    rows measured beside other work on the same machine (`contended`).
+@dataclass(frozen=True)
+class TrainerRow:
+    """One `laminar bench trainer` row on a GPU, as the calibration reads it."""
 
-    The cost model charges 6 x parameters x tokens (`train_s`), so its efficiency is the row's `mfu_6nd`, the
-    figure on that count; rows written before the bench counted the products run give it as `mfu`."""
+    source: str  # the row's file, or the measurement a committed row came from
+    params: float
+    ranks: int
+    mfu: float  # on the count of 6 x parameters x tokens
+    machine: str
+    shape: str
+    tokens_per_s: float
+
+
+def trainer_rows(paths: list[str | Path]) -> list[TrainerRow]:
+    """The usable rows of `laminar bench trainer` files: CPU rows (no MFU) and rows measured beside other work on
+    the same machine (`contended`) are left out. The cost model charges 6 x parameters x tokens (`train_s`), so a
+    row's efficiency is its `mfu_6nd`, the figure on that count; rows written before the bench counted the
+    products run give it as `mfu`."""
     rows = []
     for path in paths:
         data = json.loads(Path(path).read_text())
         mfu = data.get("mfu_6nd", data.get("mfu"))
         if mfu and "ranks" in data and not data.get("contended"):
-            rows.append((path, data, mfu))
+            rows.append(
+                TrainerRow(
+                    str(path),
+                    data["params"],
+                    data["ranks"],
+                    mfu,
+                    data["machine"],
+                    data["shape"],
+                    data["tokens_per_s"],
+                )
+            )
+    return rows
+
+
+def from_trainer_rows(rows: Sequence[TrainerRow], base: CostModel, params: float) -> tuple[CostModel, str]:
+    """`train_mfu` from the row whose model is nearest the simulated one in parameters (on a log scale),
+    preferring a sharded trainer (ranks > 1), as the simulated trainer is. The bench's step includes the
+    optimizer, so `train_step_overhead_s` stays as configured (a conservative extra for gathers and data loading
+    at scale)."""
     if not rows:
-        return base, "no GPU trainer benchmark (results/trainer/*/trainer.json): train_mfu unchanged"
-    path, best, mfu = min(
-        rows, key=lambda r: (abs(np.log(r[1]["params"] / params)), r[1]["ranks"] == 1, -r[2])
-    )
+        return base, "no GPU trainer benchmark row: train_mfu unchanged"
+    best = min(rows, key=lambda r: (abs(np.log(r.params / params)), r.ranks == 1, -r.mfu))
     note = (
-        f"{path} ({best['machine']}, {best['shape']} on {best['ranks']} GPUs): train_mfu={mfu:.3f} "
-        f"(6 x parameters x tokens; {best['tokens_per_s']:,.0f} tokens/s; was {base.train_mfu:.2f})"
+        f"{best.source} ({best.machine}, {best.shape} on {best.ranks} GPUs): train_mfu={best.mfu:.3f} "
+        f"(6 x parameters x tokens; {best.tokens_per_s:,.0f} tokens/s; was {base.train_mfu:.2f})"
     )
-    return replace(base, train_mfu=float(mfu)), note
+    return replace(base, train_mfu=float(best.mfu)), note
 
 
-# The small GPU schedule runs: every variant, 12 steps, two seeds (`results/schedules-gpu-repeats`).
-GPU_RUNS = ("results/schedules-gpu-repeats/seed0", "results/schedules-gpu-repeats/seed1")
+def from_trainer_bench(paths: list[str | Path], base: CostModel, params: float) -> tuple[CostModel, str]:
+    """`from_trainer_rows` over the rows of `laminar bench trainer` files."""
+    return from_trainer_rows(trainer_rows(paths), base, params)
+
+
+# The small GPU schedule benchmark's variants: the baselines, and the runs whose weights went publish -> relays
+# -> pull
 BASELINES = ("sync", "one_step", "stream", "partial")
-RELAY_RUNS = ("laminar", "laminar-norepack")  # the runs whose weights went publish -> relays -> pull
+RELAY_RUNS = ("laminar", "laminar-norepack")
 
 
 def read_run_steps(path: str | Path) -> list[dict]:
-    """The step records of one run's `metrics.jsonl`, without a smoke run's records that come first (a step
-    whose version is not above the previous step's starts the real run; results/schedules-gpu/runs/README.md)."""
+    """The step records of one run's `metrics.jsonl`, without a smoke run's records that come first (some run
+    folders of the first GPU runs were reused and still held them: a step whose version is not above the
+    previous step's starts the real run)."""
     steps = [r for r in map(json.loads, Path(path).read_text().splitlines()) if r.get("kind") == "step"]
     start = max(
         (i for i in range(1, len(steps)) if steps[i]["version"] <= steps[i - 1]["version"]), default=0
@@ -87,7 +123,7 @@ def read_run_steps(path: str | Path) -> list[dict]:
     return steps[start:]
 
 
-def gpu_run_steps(roots: tuple[str, ...] = GPU_RUNS) -> dict[str, list[dict]]:
+def gpu_run_steps(roots: Sequence[str | Path]) -> dict[str, list[dict]]:
     """{"<root>/<variant>": its step records}, over every run folder under `roots`."""
     out = {}
     for root in roots:
@@ -96,7 +132,7 @@ def gpu_run_steps(roots: tuple[str, ...] = GPU_RUNS) -> dict[str, list[dict]]:
     return out
 
 
-def gpu_run_summaries(roots: tuple[str, ...] = GPU_RUNS) -> dict[str, dict]:
+def gpu_run_summaries(roots: Sequence[str | Path]) -> dict[str, dict]:
     """{"<root>/<variant>": its summary.json}, over every run folder under `roots`."""
     return {
         f"{Path(root).name}/{f.parent.name}": json.loads(f.read_text())
@@ -155,21 +191,52 @@ def fit_decode(rows: list[dict], bandwidth: float) -> tuple[float, float]:
     return float(min(1.0, 1.0 / (slope * bandwidth))), float(max(0.0, overhead))
 
 
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One run of the small GPU schedule benchmark: the figures the validation sets beside the simulated ones."""
+
+    source: str  # where the run's records are
+    train_tok_s: float  # training throughput, as its summary gives it
+    staleness_max: int
+    repacks: int
+    reprefill_tokens: int  # over every step
+    step_tokens: tuple[int, ...]  # the tokens each step trained
+    window_step_s: tuple[float, float]  # mean trainer step over steps > 3: measured, and the trainer fit's
+
+
+@dataclass(frozen=True)
+class ScheduleCalibration:
+    """The cost model the small GPU schedule benchmark measured, with a note a constant of where it comes from,
+    the trainer fit's fixed part and its noise over a 10-step window, and the runs themselves (one mapping of
+    variant to run a measured set, in run-seed order)."""
+
+    cost: CostModel
+    notes: dict[str, str]
+    trainer_fixed_s: float
+    window_sd_s: float
+    runs: tuple[dict[str, MeasuredRun], ...]
+
+    def with_train_shift(self, shift_s: float) -> CostModel:
+        """The cost model with the trainer's fixed cost moved by `shift_s` (the validation's sensitivity band)."""
+        return replace(self.cost, train_step_overhead_s=max(0.0, self.trainer_fixed_s + shift_s))
+
+
 def from_schedule_bench(
     engine_path: str | Path,
     base: CostModel,
     params: float,
-    roots: tuple[str, ...] = GPU_RUNS,
-    train_shift_s: float = 0.0,
+    roots: Sequence[str | Path],
     model: str = "qwen2.5-0.5b",
-) -> tuple[CostModel, dict[str, str]]:
-    """The cost model of the small GPU schedule benchmark, every constant that run measures taken from it.
+) -> ScheduleCalibration:
+    """The cost model of the small GPU schedule benchmark, every constant that run measures taken from it:
+    `engine_path` is the engine benchmark of its card, `roots` the run folders of each measured set (one folder
+    a variant, each with `metrics.jsonl` and `summary.json`).
 
     - decode: `fit_decode` on the engine benchmark's rows of the same model and card, batch <= 64 (the runs'
       mean decode batch is 15-24);
     - trainer: `fit_trainer` on the per-step records of every run under `roots`: the fixed part becomes
-      `train_step_overhead_s` (+ `train_shift_s`, for the sensitivity columns), the per-token part `train_mfu`
-      (achieved FLOP/s = 6 x params / seconds a token, on the one trainer GPU);
+      `train_step_overhead_s`, the per-token part `train_mfu` (achieved FLOP/s = 6 x params / seconds a token,
+      on the one trainer GPU);
     - weights: the baselines' global push = their mean actor stall over the measured window's steps
       (`baseline_push_stall`); Laminar's publish = the relay runs' mean stall over the same steps; relay
       arrival = their mean publish-to-relay propagation; pull = the mean pull time of every run; repack = the
@@ -182,6 +249,9 @@ def from_schedule_bench(
     rows = [r for r in run["engine"] if r["batch"] <= 64]
     eff, overhead = fit_decode(rows, base.gpu_hbm_bw)
     runs = gpu_run_steps(roots)
+    empty = [str(r) for r in roots if not any(k.startswith(f"{Path(r).name}/") for k in runs)]
+    if empty:
+        raise ValueError(f"no run folder with a metrics.jsonl under {', '.join(empty)}")
     summaries = gpu_run_summaries(roots)
     relay = {k: v for k, v in summaries.items() if k.split("/")[-1] in RELAY_RUNS}
     weight_bytes = params * 2
@@ -203,7 +273,7 @@ def from_schedule_bench(
         decode_mem_eff=eff,
         step_overhead_s=overhead,
         train_mfu=achieved / base.gpu_flops,
-        train_step_overhead_s=max(0.0, trainer["fixed_s"] + train_shift_s),
+        train_step_overhead_s=max(0.0, trainer["fixed_s"]),
         global_sync_overhead_s=max(0.0, push - fixed_push),
         publish_bw=weight_bytes / publish,
         relay_link_bw=weight_bytes / propagation,
@@ -211,7 +281,7 @@ def from_schedule_bench(
         repack_overhead_s=repack_s,
     )
     t = trainer
-    where = " and ".join(roots)
+    where = " and ".join(map(str, roots))
     notes = {
         "decode_mem_eff": f"{eff:.3f} of {base.gpu_hbm_bw / 1e12:.1f} TB/s: fit to {engine_path} {model}, "
         f"{len(rows)} batch sizes <= 64",
@@ -233,4 +303,27 @@ def from_schedule_bench(
         f"over all {len(summaries)} runs",
         "repack_overhead_s": f"{repack_s:.3f} s: mean overhead of a repack round that moved something",
     }
-    return cost, notes
+    measured = tuple(
+        {
+            key.split("/")[-1]: _measured_run(f"{root}/{key.split('/')[-1]}", steps, summaries[key], trainer)
+            for key, steps in runs.items()
+            if key.startswith(f"{Path(root).name}/")
+        }
+        for root in roots
+    )
+    return ScheduleCalibration(cost, notes, trainer["fixed_s"], trainer["residual_sd_s"] / 10**0.5, measured)
+
+
+def _measured_run(source: str, steps: list[dict], summary: dict, fit: dict[str, float]) -> MeasuredRun:
+    window = [r for r in steps if r["step"] > 3]
+    measured = float(np.mean([r["step_time_s"] for r in window]))
+    fitted = float(np.mean([fit["fixed_s"] + fit["per_token_s"] * r["tokens"] for r in window]))
+    return MeasuredRun(
+        source=source,
+        train_tok_s=summary["train_tokens_per_s"],
+        staleness_max=summary["staleness"]["max"],
+        repacks=summary["repacks"]["count"],
+        reprefill_tokens=sum(r.get("reprefill_tokens", 0) for r in steps),
+        step_tokens=tuple(r["tokens"] for r in steps),
+        window_step_s=(round(measured, 3), round(fitted, 3)),
+    )

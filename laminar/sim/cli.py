@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import json
+from dataclasses import replace
 from pathlib import Path
 
-from laminar.sim.calibrate import from_engine_bench, from_trainer_bench
+from laminar.sim.calibrate import from_engine_bench, from_trainer_rows, trainer_rows
 from laminar.sim.config import SCHEDULES, load_config
 from laminar.sim.cost import MODELS, CostModel
 from laminar.sim.experiment import bench, paper_experiment, plan, run_many
+from laminar.sim.measured import ENGINE_DECODE_MEM_EFF, ENGINE_NOTE, SMALL_GPU, TRAINER_ROWS
 from laminar.sim.plots import plot_runs
 
 
@@ -31,28 +32,74 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--validate", action="store_true", help="simulate the measured small GPU schedule benchmark"
     )
+    p.add_argument(
+        "--engine-bench",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="`laminar bench engine` JSON to fit the decode efficiency on (default: the committed H200 measurement, "
+        "laminar/sim/measured.py)",
+    )
+    p.add_argument(
+        "--trainer-bench",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="`laminar bench trainer` JSON rows to take the trainer's MFU from (default: the committed rows)",
+    )
+    p.add_argument(
+        "--schedule-runs",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="with --validate and one --engine-bench FILE: the measured sets of seed 0 and 1 (a run folder a "
+        "variant, each with metrics.jsonl and summary.json) to fit the calibration on again (default: the "
+        "committed fit)",
+    )
     return p
 
 
-def measured_cost(base: CostModel, params: float | None = None) -> CostModel:
-    """Constants measured by our engine benchmark (results/engine-*.json) and, for the trainer's MFU, by the
-    trainer benchmark (results/trainer/*/trainer.json), when they have been written."""
-    for path in sorted(glob.glob("results/engine-*.json")):
-        base, note = from_engine_bench(path, base)
-        print(f"calibration: {note}")
-    benches = sorted(glob.glob("results/trainer/*/trainer.json"))
-    if params is not None and benches:
-        base, note = from_trainer_bench(benches, base, params)
+def measured_cost(
+    base: CostModel,
+    params: float | None = None,
+    engine_benches: list[str] | None = None,
+    trainer_benches: list[str] | None = None,
+) -> CostModel:
+    """The cost model calibrated on our engine benchmark and, for the trainer's MFU, our trainer benchmark: on the
+    files given, else on the committed measurements (`laminar.sim.measured`)."""
+    if engine_benches:
+        for path in engine_benches:
+            base, note = from_engine_bench(path, base)
+            print(f"calibration: {note}")
+    else:
+        base = replace(base, decode_mem_eff=ENGINE_DECODE_MEM_EFF, step_overhead_s=0.0)
+        print(f"calibration: {ENGINE_NOTE}")
+    if params is not None:
+        rows = trainer_rows(trainer_benches) if trainer_benches else TRAINER_ROWS
+        base, note = from_trainer_rows(rows, base, params)
         print(f"calibration: {note}")
     return base
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.schedule_runs and not args.validate:
+        raise SystemExit("laminar simulate: --schedule-runs is for --validate")
     if args.validate:
-        from laminar.sim.validation import run_validation, table
+        from laminar.sim.validation import calibration_from_files, run_validation, table
 
-        print(table(run_validation(Path(args.out))))
+        calibration = SMALL_GPU
+        if args.schedule_runs or args.engine_bench:
+            if len(args.engine_bench) != 1 or not args.schedule_runs:
+                raise SystemExit(
+                    "laminar simulate --validate: fitting again from files takes one --engine-bench FILE and "
+                    "--schedule-runs SEED0_DIR SEED1_DIR"
+                )
+            try:
+                calibration = calibration_from_files(args.engine_bench[0], args.schedule_runs)
+            except (ValueError, OSError) as e:
+                raise SystemExit(f"laminar simulate --validate: {e}") from None
+        print(table(run_validation(Path(args.out), calibration)))
         return 0
     model = next((m for m in MODELS if args.model and m.lower() == args.model.lower()), args.model)
     names = SCHEDULES if args.schedule == "all" else tuple(args.schedule.split(","))
@@ -62,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg.with_(schedule=name)  # every name is checked before anything runs
     except (ValueError, OSError) as e:
         raise SystemExit(f"laminar simulate: {e}") from None
-    cfg = cfg.with_(cost=measured_cost(cfg.cost, MODELS[cfg.model].params if cfg.model in MODELS else None))
+    params = MODELS[cfg.model].params if cfg.model in MODELS else None
+    cfg = cfg.with_(cost=measured_cost(cfg.cost, params, args.engine_bench, args.trainer_bench))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.bench:

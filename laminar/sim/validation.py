@@ -6,8 +6,8 @@ H200s, 8 groups x 8 samples a step, 12 steps of which 2 warm-up, the runtime's o
 group by group in each run's order (`lengths.kind: bench`, run seed 0 and 1), 4 groups a replica takes at once,
 24 groups (3 steps) dispatched and not trained for Laminar, staleness 2 for stream / partial, repack with
 B = 256 every 0.25 s and, as in those runs, without the `only_with_work` gate. Every variant ran once per seed.
-The cost model is calibrated once for every schedule (`laminar.sim.calibrate.from_schedule_bench`); throughput is computed
-as the benchmark computes it (`laminar.telemetry.summary`: tokens of the steps after the first measured one over
+The cost model is calibrated once for every schedule (`laminar.sim.calibrate.from_schedule_bench`; the values fitted
+on those runs are `laminar.sim.measured.SMALL_GPU`); throughput is computed as the benchmark computes it (`laminar.telemetry.summary`: tokens of the steps after the first measured one over
 the time from its end to the last step's end).
 """
 
@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from laminar.sim.calibrate import GPU_RUNS, fit_trainer, from_schedule_bench, gpu_run_steps, gpu_run_summaries
+from laminar.sim.calibrate import ScheduleCalibration, from_schedule_bench
 from laminar.sim.config import SimConfig
 from laminar.sim.cost import MODELS, CostModel
 from laminar.sim.lengths import LengthConfig
+from laminar.sim.measured import SMALL_GPU
 from laminar.sim.run import simulate
 
-ENGINE = "results/engine-cuda.json"
-SEEDS = (0, 1)  # run.seed of the two measured sets, GPU_RUNS in the same order
+SEEDS = (0, 1)  # run.seed of the two measured sets, in the order of `ScheduleCalibration.runs`
 # simulator schedule -> the benchmark's variant label
 VARIANTS = {
     "sync": "sync",
@@ -82,49 +82,53 @@ def bench_throughput(cluster) -> float:
     return sum(rec.step_tokens[w + 1 :]) / span
 
 
-def calibrated(train_shift_s: float = 0.0) -> tuple[CostModel, dict[str, str]]:
-    cfg = small_gpu_config()
-    return from_schedule_bench(ENGINE, cfg.cost, MODELS["0.5B"].params, train_shift_s=train_shift_s)
+def calibrated(
+    train_shift_s: float = 0.0, calibration: ScheduleCalibration = SMALL_GPU
+) -> tuple[CostModel, dict[str, str]]:
+    """The measured cost model of the small GPU set-up (its trainer's fixed cost moved by `train_shift_s`) and
+    a note a constant of where it comes from."""
+    return calibration.with_train_shift(train_shift_s), calibration.notes
 
 
-def run_validation(out: Path) -> dict[str, Any]:
-    cost, notes = calibrated()
-    steps = gpu_run_steps()
-    summaries = gpu_run_summaries()
-    fit = fit_trainer(steps)
-    window_sd = fit["residual_sd_s"] / 10**0.5  # the noise of a 10-step window's mean trainer step
-    band = {s: calibrated(s)[0] for s in (-window_sd, window_sd)}
+def calibration_from_files(engine_bench: str | Path, runs: list[str | Path]) -> ScheduleCalibration:
+    """The calibration fitted again on the measurement's files: the engine benchmark of the card, and one folder a
+    measured set (its variants' run folders, with `metrics.jsonl` and `summary.json`), in the order of `SEEDS`."""
+    if len(runs) != len(SEEDS):
+        raise ValueError(f"{len(runs)} run folders given, the validation has one a seed of {SEEDS}")
+    return from_schedule_bench(engine_bench, small_gpu_config().cost, MODELS["0.5B"].params, runs)
+
+
+def run_validation(out: Path, calibration: ScheduleCalibration = SMALL_GPU) -> dict[str, Any]:
+    cost, notes = calibrated(0.0, calibration)
+    window_sd = calibration.window_sd_s  # the noise of a 10-step window's mean trainer step
+    band = {s: calibration.with_train_shift(s) for s in (-window_sd, window_sd)}
     rows = []
     for name, label in VARIANTS.items():
         per_seed = []
-        for seed, root in zip(SEEDS, GPU_RUNS):
-            key = f"{Path(root).name}/{label}"
-            m = summaries[key]
+        for seed, runs in zip(SEEDS, calibration.runs):
+            m = runs[label]
             summary, cluster = simulate(small_gpu_config(cost, schedule=name, seed=seed))
             sim = bench_throughput(cluster)
             spread = [
                 bench_throughput(simulate(small_gpu_config(c, schedule=name, seed=seed))[1])
                 for c in band.values()
             ]
-            window = [r for r in steps[key] if r["step"] > 3]
-            measured_train = float(np.mean([r["step_time_s"] for r in window]))
-            fitted_train = float(np.mean([fit["fixed_s"] + fit["per_token_s"] * r["tokens"] for r in window]))
-            got = m["train_tokens_per_s"]
+            got = m.train_tok_s
             per_seed.append(
                 {
                     "seed": seed,
-                    "run": f"{root}/{label}",
+                    "run": m.source,
                     "measured_train_tok_s": got,
                     "simulated_train_tok_s": round(sim, 1),
                     "error": round(sim / got - 1, 4),
                     "simulated_at_train_fixed_minus_plus_sd": [round(x, 1) for x in spread],
-                    "window_train_step_s_measured_vs_fit": [round(measured_train, 3), round(fitted_train, 3)],
-                    "measured_staleness_max": m["staleness"]["max"],
+                    "window_train_step_s_measured_vs_fit": list(m.window_step_s),
+                    "measured_staleness_max": m.staleness_max,
                     "simulated_staleness_max": summary["staleness"]["max"],
-                    "measured_reprefill_tokens": sum(r.get("reprefill_tokens", 0) for r in steps[key]),
+                    "measured_reprefill_tokens": m.reprefill_tokens,
                     "simulated_reprefill_tokens": round(summary["reprefill_tokens"]),
                     "simulated_repacks": summary["repacks"]["count"],
-                    "measured_repacks": m["repacks"]["count"],
+                    "measured_repacks": m.repacks,
                 }
             )
         measured = float(np.mean([r["measured_train_tok_s"] for r in per_seed]))

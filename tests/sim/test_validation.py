@@ -3,7 +3,6 @@ invariants (timings are checked by `laminar simulate --validate`, not here)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,8 +10,8 @@ import pytest
 from laminar.bench.schedules import VARIANTS as BENCH_VARIANTS
 from laminar.config import load_config
 from laminar.schedules import Schedule
-from laminar.sim.calibrate import GPU_RUNS
 from laminar.sim.cluster import Cluster
+from laminar.sim.measured import SMALL_GPU
 from laminar.sim.run import simulate
 from laminar.sim.schedules import schedule_of
 from laminar.sim.validation import VARIANTS, small_gpu_config
@@ -51,9 +50,7 @@ def test_in_order_schedules_train_the_measured_runs_groups(schedule: str, seed: 
     """The baselines take batch v in dispatch order, so every simulated step trains exactly the tokens the
     measured run's step did: the workload replay (dataset seed, pool order by run seed) is exact."""
     _, cluster = simulate(small_gpu_config(schedule=schedule, seed=seed))
-    run = Path(GPU_RUNS[seed]) / schedule / "metrics.jsonl"
-    measured = [r["tokens"] for r in map(json.loads, run.read_text().splitlines()) if r["kind"] == "step"]
-    assert cluster.record.step_tokens == measured
+    assert cluster.record.step_tokens == list(SMALL_GPU.runs[seed][schedule].step_tokens)
 
 
 @pytest.mark.parametrize("schedule", list(VARIANTS))
@@ -89,3 +86,21 @@ def test_the_trainer_benchmark_nearest_in_size_sets_the_trainers_mfu(tmp_path):
     assert cost.train_mfu == 0.33 and "big2" in note
     assert from_trainer_bench(paths, CostModel(), 5e8)[0].train_mfu == 0.14
     assert from_trainer_bench(paths[3:], CostModel(), 5e8)[0].train_mfu == CostModel().train_mfu
+
+
+def test_the_committed_calibration_is_the_fit_of_the_committed_benchmark_files(tmp_path, monkeypatch):
+    """`laminar simulate` takes its calibration from constants, the same from any folder; they are what the
+    engine and trainer benchmark files in results/ fit to."""
+    import glob
+
+    from laminar.sim.cli import measured_cost
+    from laminar.sim.cost import MODELS, CostModel
+
+    root = Path(__file__).parents[2]
+    engine = [str(root / "results" / "engine" / "engine-cuda.json")]
+    trainer = sorted(glob.glob(str(root / "results" / "trainer" / "*" / "trainer.json")))
+    monkeypatch.chdir(tmp_path)
+    for model in MODELS.values():
+        assert measured_cost(CostModel(), model.params) == measured_cost(
+            CostModel(), model.params, engine, trainer
+        )
