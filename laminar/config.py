@@ -43,6 +43,10 @@ class TaskConfig:
     lengths_file: str = ""
     length_prompt_words: int = 16  # the prompt: this many random digits (about a token each) and " ="
     arith_levels: str = "1,2"  # the `arith` task: comma-separated levels (laminar.data.arith.LEVELS)
+    # the `chain` task: comma-separated levels (laminar.tasks.chain.LEVELS), and its steps a problem (lognormal)
+    chain_levels: str = "1,2"
+    chain_steps_median: float = 4.0
+    chain_steps_p99: float = 40.0
     # multi-turn tool calls: built-in names (python, calculator) or module:function; empty = single turn
     tools: list[str] = field(default_factory=list)
     max_turns: int = 4  # tool calls a trajectory may make
@@ -97,6 +101,14 @@ class RolloutConfig:
     pipeline: str = "auto"
 
 
+# the loss's options (laminar/trainer/grpo.py; README "Algorithms"), named as verl names them
+ADVANTAGES = ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+RATIOS = ("token", "sequence")
+# LoRA's default targets: the attention and MLP projections of Llama, Qwen and Mistral models
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 @dataclass
 class TrainerConfig:
     steps: int = 160
@@ -135,6 +147,12 @@ class TrainerConfig:
         False  # DAPO dynamic sampling: drop groups whose rewards are all equal, refill the step
     )
     filter_take_limit: int = 4  # filter_groups: take at most this many times groups_per_step groups a step
+    advantage: str = "grpo"  # ADVANTAGES: grpo | drgrpo | rloo | reinforce_pp | reinforce_pp_baseline
+    loss_agg: str = "token_mean"  # LOSS_AGGS: token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
+    ratio: str = "token"  # RATIOS: token | sequence (GSPO: one length-normalised ratio a sequence)
+    lora_rank: int = 0  # > 0: train LoRA adapters of this rank, the base frozen; 0 = full fine-tuning
+    lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
+    lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # or [all-linear]
 
 
 @dataclass
@@ -529,6 +547,30 @@ def validate(cfg: Config) -> None:
         f"between 1 and the step's trajectories (groups_per_step x group_size = {t.groups_per_step * t.group_size})",
     )
     _check(t.filter_take_limit >= 1, "trainer.filter_take_limit", t.filter_take_limit, "at least 1")
+    for name, valid in (("advantage", ADVANTAGES), ("loss_agg", LOSS_AGGS), ("ratio", RATIOS)):
+        _check(getattr(t, name) in valid, f"trainer.{name}", getattr(t, name), f"one of {', '.join(valid)}")
+    _check(
+        t.ratio == "token" or t.loss_agg == "seq_mean_token_mean",
+        "trainer.loss_agg",
+        t.loss_agg,
+        "seq_mean_token_mean with trainer.ratio=sequence (GSPO averages over sequences)",
+    )
+    _check(t.lora_rank >= 0, "trainer.lora_rank", t.lora_rank, "0 (full fine-tuning) or the adapters' rank")
+    _check(
+        t.lora_rank == 0 or t.num_workers == 1,
+        "trainer.lora_rank",
+        t.lora_rank,
+        "0 with trainer.num_workers > 1 (LoRA runs on one trainer rank; the sharded trainer is full fine-tuning)",
+    )
+    _check(
+        t.lora_alpha > 0, "trainer.lora_alpha", t.lora_alpha, "positive: the adapters' scale is alpha / rank"
+    )
+    _check(
+        bool(t.lora_target_modules) and all(t.lora_target_modules),
+        "trainer.lora_target_modules",
+        t.lora_target_modules,
+        f"module names to adapt, e.g. {list(LORA_TARGETS)} or [all-linear]",
+    )
     _check(t.max_nonfinite_steps >= 1, "trainer.max_nonfinite_steps", t.max_nonfinite_steps, "at least 1")
     e = cfg.eval
     _check(e.every >= 0, "eval.every", e.every, "0 (no evaluation) or a number of trainer steps")

@@ -74,6 +74,22 @@ def test_missing_config_file_is_named(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        (b"trainer:\n  steps: [4\nrollout: {\n", "expected ',' or ']', but got ':' at line 3, column 8"),
+        (b"a: b\n\tc: d\n", "found character '\\t' that cannot start any token at line 2, column 1"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "not UTF-8 text (byte 0)"),
+    ],
+)
+def test_a_config_file_that_is_not_yaml_is_one_line(tmp_path, text, says):
+    path = tmp_path / "run.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert str(raised.value) == f"config file {str(path)!r} is not YAML: {says}"
+
+
 @pytest.mark.parametrize("path", sorted(Path(__file__).parent.parent.glob("configs/*.yaml")), ids=str)
 def test_every_shipped_config_loads(path, tiny_model_dir):
     """The configs under configs/ are run as they are; each must load and validate (the model they name is

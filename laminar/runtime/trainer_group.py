@@ -160,6 +160,10 @@ def trainer_config(cfg: Config, model_path: str, cuda: bool) -> Any:
         is_correction=t.correction,
         is_cap=t.is_cap,
         kl_coef=t.kl_coef,
+        advantage=t.advantage,
+        loss_agg=t.loss_agg,
+        ratio=t.ratio,
+        norm_tokens=r.max_new_tokens,
     )
     return TrainerConfig(
         model_path=model_path,
@@ -180,4 +184,7 @@ def trainer_config(cfg: Config, model_path: str, cuda: bool) -> Any:
         cpu_offload=t.cpu_offload,
         compile=t.compile,
         reshard_after_forward=t.reshard_after_forward,
+        lora_rank=t.lora_rank,
+        lora_alpha=t.lora_alpha,
+        lora_target_modules=list(t.lora_target_modules),
     )

@@ -1,10 +1,14 @@
-"""GRPO: group-normalised advantages and the clipped policy loss (Clip-Higher, token-level mean, TIS/MIS)."""
+"""The policy-gradient loss: GRPO's group-normalised advantages and clipped loss (Clip-Higher, token-level
+mean, TIS/MIS), and the algorithms that differ from it in one term each (README "Algorithms"): the advantage
+(Dr.GRPO, RLOO, REINFORCE++), the aggregation over tokens (Dr.GRPO, GSPO) and the ratio (GSPO)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from laminar.config import ADVANTAGES, LOSS_AGGS, RATIOS
 
 
 @dataclass
@@ -23,8 +27,23 @@ class GRPOConfig:
     is_cap: float = 2.0
     kl_coef: float = 0.0  # 0 = KL-free (no reference model)
     adv_eps: float = 1e-6
+    advantage: str = "grpo"  # ADVANTAGES: see `advantages`
+    loss_agg: str = "token_mean"  # LOSS_AGGS: see `aggregate`
+    ratio: str = "token"  # RATIOS: token, or GSPO's one ratio a sequence (`sequence_ratio`)
+    norm_tokens: int = 0  # seq_mean_token_sum_norm's constant: the longest response (rollout.max_new_tokens)
 
     def __post_init__(self) -> None:
+        for name, valid in (("advantage", ADVANTAGES), ("loss_agg", LOSS_AGGS), ("ratio", RATIOS)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"grpo.{name}={getattr(self, name)!r}: expected one of {', '.join(valid)}")
+        if self.ratio == "sequence" and self.loss_agg != "seq_mean_token_mean":
+            raise ValueError(
+                f"grpo.ratio='sequence' needs grpo.loss_agg='seq_mean_token_mean' (GSPO), not {self.loss_agg!r}"
+            )
+        if self.loss_agg == "seq_mean_token_sum_norm" and self.norm_tokens <= 0:
+            raise ValueError(
+                f"grpo.norm_tokens={self.norm_tokens}: seq_mean_token_sum_norm needs a positive constant"
+            )
         if self.proximal not in ("behaviour", "trainer"):
             raise ValueError(f"grpo.proximal={self.proximal!r}: expected 'behaviour' or 'trainer'")
         if self.is_correction not in ("none", "tis", "mis"):
@@ -54,6 +73,50 @@ def group_advantages(rewards: list[list[float]], eps: float = 1e-6) -> list[list
         adv = (r - r.mean()) / (r.std(unbiased=False) + eps)
         out.append(adv.tolist())
     return out
+
+
+def advantages(
+    rewards: list[list[float]], lengths: list[list[int]], kind: str = "grpo", eps: float = 1e-6
+) -> list[list[float]]:
+    """One advantage a trajectory (every token of it gets it), by group of samples of one prompt; `lengths`
+    are each trajectory's trained tokens, the weights of REINFORCE++'s whitening over the batch. A group of
+    one sample has no baseline: zeros, as in `group_advantages`.
+
+    - grpo: (r - mean) / (std + eps), the group's population std (`group_advantages`).
+    - drgrpo: r - mean (Dr.GRPO, arXiv 2503.20783: no std scaling).
+    - rloo: r - the mean of the group's other samples = n / (n - 1) (r - mean) (arXiv 2402.14740).
+    - reinforce_pp: r whitened over every trained token of the batch: (r - mu) / sqrt(var + 1e-8), mu and the
+      unbiased var over tokens (REINFORCE++, arXiv 2501.03262, outcome reward, gamma 1).
+    - reinforce_pp_baseline: r - the group's mean, then whitened over the batch the same way.
+    """
+    if kind == "grpo":
+        return group_advantages(rewards, eps)
+    out = []
+    for group in rewards:
+        r, n = torch.tensor(group, dtype=torch.float64), len(group)
+        if kind == "reinforce_pp":
+            out.append(r)
+        elif n < 2:
+            out.append(torch.zeros_like(r))
+        elif kind == "rloo":
+            out.append((r - r.mean()) * n / (n - 1))
+        else:  # drgrpo, reinforce_pp_baseline
+            out.append(r - r.mean())
+    if kind.startswith("reinforce_pp"):
+        out = _whiten(out, [torch.tensor(g, dtype=torch.float64) for g in lengths])
+    return [a.tolist() for a in out]
+
+
+def _whiten(values: list[torch.Tensor], weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """(x - mean) / sqrt(var + 1e-8) with every trained token counted once: the mean and the unbiased variance
+    weighted by each trajectory's token count, over the whole batch (verl's `masked_whiten`)."""
+    x, w = torch.cat(values), torch.cat(weights)
+    total = w.sum()
+    if total <= 1:
+        return [torch.zeros_like(v) for v in values]
+    mean = (w * x).sum() / total
+    var = (w * (x - mean) ** 2).sum() / total * total / (total - 1)
+    return [(v - mean) / torch.sqrt(var + 1e-8) for v in values]
 
 
 def informative(rewards: list[float]) -> bool:
@@ -104,9 +167,13 @@ def grpo_loss(
     proximal: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
     same_weights: torch.Tensor | None = None,
+    seq_lengths: list[int] | None = None,
+    num_seqs: int | float = 0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Sum of per-token losses divided by `num_tokens`, the response-token count of the whole mini-batch, so
-    micro-batches accumulate to a token-level mean (long responses weigh by their length, as in DAPO).
+    micro-batches accumulate to a token-level mean (long responses weigh by their length, as in DAPO); the
+    other `cfg.loss_agg` modes divide by the mini-batch's `num_seqs` (`aggregate`). `seq_lengths`: the number
+    of elements of each sequence, in order, over the flattened tensors (needed by the sequence-level terms).
 
     All tensors are [batch, time]; `mask` is 1 on response tokens. Metrics are sums over this micro-batch's
     masked tokens (keys ending in `_sum`) so the caller can average them over the mini-batch.
@@ -120,7 +187,18 @@ def grpo_loss(
     if old is None:
         raise ValueError("grpo_loss: proximal='trainer' needs the trainer's pre-update log-probs")
     w = importance_weights(old, behaviour, cfg.is_correction, cfg.is_cap)
-    ratio = torch.exp(logp - old.detach())
+    seq = None
+    if cfg.ratio != "token" or cfg.loss_agg != "token_mean":
+        if seq_lengths is None or sum(seq_lengths) != mask.numel():
+            raise ValueError(f"grpo_loss: {cfg.ratio} ratio / {cfg.loss_agg} needs the sequences' lengths")
+        seq = torch.repeat_interleave(
+            torch.arange(len(seq_lengths), device=mask.device),
+            torch.tensor(seq_lengths, device=mask.device),
+        ).view(mask.shape)
+    if cfg.ratio == "token":
+        ratio = torch.exp(logp - old.detach())
+    else:
+        ratio = sequence_ratio(logp, old, mask, seq, len(seq_lengths))
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     per_token = -w * torch.minimum(ratio * advantages, clipped * advantages)
     kl = None
@@ -130,7 +208,10 @@ def grpo_loss(
         # is, in expectation, that of KL(ref || pi)
         kl = torch.exp(d) - d - 1.0
         per_token = per_token + cfg.kl_coef * kl
-    loss = (per_token * mask).sum() / max(float(num_tokens), 1.0)
+    if cfg.loss_agg == "token_mean":
+        loss = (per_token * mask).sum() / max(float(num_tokens), 1.0)
+    else:
+        loss = aggregate(per_token, mask, seq, len(seq_lengths), cfg, num_seqs)
 
     with torch.no_grad():
         is_clipped = ((ratio < 1.0 - cfg.clip_low) & (advantages < 0)) | (
@@ -153,3 +234,41 @@ def grpo_loss(
         if kl is not None:
             metrics["kl_sum"] = float((kl * mask).sum())
     return loss, metrics
+
+
+def _per_sequence(x: torch.Tensor, seq: torch.Tensor, n: int) -> torch.Tensor:
+    """The sum of `x` over each sequence (`seq`: each element's sequence index)."""
+    return torch.zeros(n, dtype=x.dtype, device=x.device).index_add(0, seq.reshape(-1), x.reshape(-1))
+
+
+def sequence_ratio(
+    logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, seq: torch.Tensor, n: int
+) -> torch.Tensor:
+    """GSPO's ratio (arXiv 2507.18071): s_i = exp(mean over the sequence's trained tokens of log pi / pi_old),
+    the same value on each token of sequence i, clipped as one. Its gradient flows through each token's own
+    log-prob, s_i,t = sg[s_i] x pi_t / sg[pi_t], so a sequence mean of the per-token terms has the gradient
+    of s_i itself; the log is capped at 10 (verl's `compute_policy_loss_gspo`)."""
+    log_ratio = torch.where(mask > 0, logp - old, 0.0).detach()
+    count = _per_sequence(mask, seq, n).clamp(min=1.0)
+    log_s = _per_sequence(log_ratio, seq, n) / count
+    return torch.exp((logp - logp.detach() + log_s[seq]).clamp(max=10.0))
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    seq: torch.Tensor,
+    n: int,
+    cfg: GRPOConfig,
+    num_seqs: int | float,
+) -> torch.Tensor:
+    """This micro-batch's share of the mini-batch loss, `num_seqs` being the mini-batch's sequences with a
+    trained token (so micro-batches and ranks add up to the mini-batch's value):
+    - seq_mean_token_mean: the mean over sequences of each one's token mean (GSPO; verl's seq-mean-token-mean);
+    - seq_mean_token_sum_norm: the mean over sequences of each one's token sum divided by the constant
+      `norm_tokens` (Dr.GRPO, arXiv 2503.20783: no length normalisation, a constant in its place)."""
+    masked = per_token * mask
+    if cfg.loss_agg == "seq_mean_token_mean":
+        means = _per_sequence(masked, seq, n) / _per_sequence(mask, seq, n).clamp(min=1.0)
+        return means.sum() / max(float(num_seqs), 1.0)
+    return masked.sum() / (max(float(num_seqs), 1.0) * cfg.norm_tokens)

@@ -20,6 +20,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from laminar.jsonio import write_json
+from laminar.trainer.lora import ADAPTER_DIR, ADAPTER_FILE, adapter_param
+
+MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's, saved by parameter name in OPTIMIZER_DIR
+OPTIMIZER_DIR = "optimizer"
 
 
 class CheckpointError(ValueError):
@@ -166,8 +170,109 @@ def check_safetensors(f: Path) -> None:
 
 
 def verify_checkpoint(path: Path, runtime_state: str) -> None:
-    """Parse every file of a run checkpoint (as data) so a bad one stops a resume before any actor starts."""
+    """Parse every file of a run checkpoint (as data) and check that the trainer's tensors are all there with
+    the shapes its model's config implies, so a bad one stops a resume before any actor starts."""
     read_json(path / runtime_state, "prompt pool, buffer and in-flight frontier")
-    load_trainer_state(path)
-    for f in [*sorted(path.glob("*.safetensors")), *sorted((path / "optimizer").glob("*.safetensors"))]:
+    _, steps, _, _ = load_trainer_state(path)
+    for f in [*sorted(path.glob("*.safetensors")), *sorted((path / OPTIMIZER_DIR).glob("*.safetensors"))]:
         check_safetensors(f)
+    check_tensors(path, steps)
+
+
+def param_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Every parameter's shape by its Hugging Face name (a tied head once, as the trainer saves it), as the
+    checkpoint's `config.json` implies: the model is built on the meta device, so nothing is allocated or read."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not (path / "config.json").is_file():
+        raise CheckpointError(
+            f"{path / 'config.json'}: missing; expected the model's config of a Laminar checkpoint"
+        )
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(
+            f"{path / 'config.json'}: not a model config transformers can build ({e})"
+        ) from e
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def stored_shapes(files: list[Path]) -> dict[str, tuple[tuple[int, ...], Path]]:
+    """Each tensor's whole shape and a file that holds it, from the safetensors headers alone. A sharded
+    optimizer's per-rank files hold rows of a tensor at the offsets their header records
+    (torch.distributed.checkpoint): the whole tensor ends where the last of its rows does."""
+    from torch.distributed.checkpoint._hf_utils import CUSTOM_METADATA_KEY, SAVED_OFFSETS_KEY
+
+    shapes: dict[str, tuple[tuple[int, ...], Path]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                offsets = json.loads((handle.metadata() or {}).get(CUSTOM_METADATA_KEY) or "{}")
+                for key in handle.keys():
+                    part = handle.get_slice(key).get_shape()
+                    at = offsets.get(key, {}).get(SAVED_OFFSETS_KEY) or [0] * len(part)
+                    whole = tuple(n + o for n, o in zip(part, at))
+                    if key in shapes:
+                        whole = tuple(max(a, b) for a, b in zip(shapes[key][0], whole))
+                    shapes[key] = (whole, f)
+        except (SafetensorError, OSError, ValueError, AttributeError) as e:
+            raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from e
+    return shapes
+
+
+def check_tensors(path: Path, steps: dict[str, int]) -> None:
+    """The weights and AdamW's moments (`exp_avg.NAME`, `exp_avg_sq.NAME`) of every parameter the model's
+    config implies, with its shape, and an update count for each in `trainer_state.json`. A LoRA checkpoint's
+    optimizer holds its adapters' alone, with the shapes of `adapter/`."""
+    want = param_shapes(path)
+    trained = adapter_shapes(path) or want
+    config = path / "config.json"
+    extra = sorted(set(steps) ^ set(trained))
+    if extra:
+        raise CheckpointError(
+            f"{path / 'trainer_state.json'}: optimizer.steps names {len(steps)} parameters, {config} implies "
+            f"{len(trained)} (first difference: {extra[0]}); every parameter needs its update count"
+        )
+    optimizer = path / OPTIMIZER_DIR
+    weights = [f for f in sorted(path.glob("*.safetensors")) if f.name != "trainer_state.safetensors"]
+    moments = sorted(optimizer.glob("*.safetensors"))
+    for files, where, what, shapes, names in (
+        (weights, path / "model.safetensors", "the trainer's weights", want, {n: n for n in want}),
+        (
+            moments,
+            optimizer,
+            "the optimizer's moments",
+            trained,
+            {f"{k}.{n}": n for n in trained for k in MOMENTS},
+        ),
+    ):
+        if not files:
+            raise CheckpointError(
+                f"{where}: missing; expected {what} (safetensors) of a Laminar checkpoint, {len(names)} tensors"
+            )
+        have = stored_shapes(files)
+        for key, name in names.items():
+            if key not in have:
+                raise CheckpointError(
+                    f"{where}: tensor {key} is missing; {config} implies {len(names)} tensors here"
+                )
+            shape, f = have[key]
+            if shape != shapes[name]:
+                raise CheckpointError(
+                    f"{f}: tensor {key} has shape {list(shape)}; {config} implies {list(shapes[name])}"
+                )
+
+
+def adapter_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """A LoRA checkpoint's trained parameters, by the trainer's names, with their shapes (`lora.py`); empty
+    for a checkpoint of full fine-tuning, which has no `adapter/`."""
+    if not (path / ADAPTER_DIR).exists():
+        return {}
+    f = path / ADAPTER_DIR / ADAPTER_FILE
+    if not f.is_file():
+        raise CheckpointError(
+            f"{f}: missing; expected the LoRA adapters (safetensors) of a Laminar checkpoint"
+        )
+    return {adapter_param(k): shape for k, (shape, _) in stored_shapes([f]).items()}

@@ -12,16 +12,21 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from laminar.config import LORA_TARGETS
 from laminar.data.codec import copy_tokenizer_files
 from laminar.data.records import Trajectory
 from laminar.data.staleness import staleness
-from laminar.trainer.grpo import LOSS_METRICS, GRPOConfig, group_advantages, grpo_loss
+from laminar.trainer import lora
+from laminar.trainer.grpo import LOSS_METRICS, GRPOConfig, advantages, grpo_loss
 from laminar.trainer.logprobs import PolicyLogprobs
 from laminar.trainer.packing import supports_packing, use_packed_attention
 from laminar.trainer.state_files import (
+    MOMENTS,
+    OPTIMIZER_DIR,
     CheckpointError,
     load_tensors,
     load_trainer_state,
@@ -63,6 +68,10 @@ class TrainerConfig:
     # keep them until the backward: one all-gather a layer fewer, the whole bf16 model resident on every rank)
     reshard_after_forward: bool = True
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    # LoRA (`lora.py`): > 0 trains adapters of this rank on `lora_target_modules`, the base frozen; one rank only
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
 
     def __post_init__(self) -> None:
         if isinstance(self.grpo, dict):
@@ -80,6 +89,10 @@ class TrainerConfig:
             raise ValueError(f"trainer.compute_dtype={self.compute_dtype!r}: must be '', float32 or bfloat16")
         if self.publish_dtype not in ("", "float32", "bfloat16"):
             raise ValueError(f"trainer.publish_dtype={self.publish_dtype!r}: must be '', float32 or bfloat16")
+        if self.lora_rank < 0 or self.lora_alpha <= 0:
+            raise ValueError(
+                f"trainer.lora_rank={self.lora_rank}, lora_alpha={self.lora_alpha}: must be >= 0, > 0"
+            )
 
 
 class NonFiniteError(RuntimeError):
@@ -140,6 +153,11 @@ class Trainer:
         # again from the same starting weights, so a checkpoint holds the policy alone. It runs forward only,
         # in bf16 on CUDA; a sharded trainer shards it as it shards the policy.
         self.ref_model = self._load_reference(model) if cfg.grpo.kl_coef > 0 else None
+        self.lora = cfg.lora_rank > 0
+        if self.lora:
+            if world > 1:
+                raise ValueError("trainer.lora_rank > 0 needs one trainer rank (trainer.num_workers=1)")
+            lora.add_adapters(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_modules, cfg.model_path)
         self.model = model.float().train()
         wanted = cfg.packing == "on" or (cfg.packing == "auto" and self.device.type == "cuda")
         self.packed = wanted and supports_packing(self.model)
@@ -175,7 +193,7 @@ class Trainer:
             self.policy.to(self.device)
         # one fused kernel for the whole update on CUDA, sharded (DTensor) parameters included
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for _, p in self._trained()],
             lr=cfg.lr,
             betas=cfg.betas,
             weight_decay=cfg.weight_decay,
@@ -189,6 +207,7 @@ class Trainer:
         self._compute_views: dict[str, torch.Tensor] | None = None  # see named_weights
         self._cast: torch.Tensor | None = None  # the last weight_shards' cast rows, one buffer
         self._cast_rows: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # that buffer and its views
+        self._merged: dict[str, torch.Tensor] = {}  # LoRA: the merged weights' buffers (see named_weights)
         self.nonfinite_steps = 0  # skipped steps, all told
         self.nonfinite_in_a_row = 0
         if self.device.type == "cuda":
@@ -229,7 +248,12 @@ class Trainer:
                     raise ValueError(
                         f"trajectory {t.traj_id}: loss mask of {len(t.loss_mask)} for {len(t.response_ids)} tokens"
                     )
-        advs = group_advantages([[t.reward for t in g] for g in groups], self.cfg.grpo.adv_eps)
+        advs = advantages(
+            [[t.reward for t in g] for g in groups],
+            [[t.num_trained_tokens for t in g] for g in groups],
+            self.cfg.grpo.advantage,
+            self.cfg.grpo.adv_eps,
+        )
         trajs = [t for g in groups for t in g]
         adv_of = [a for ga in advs for a in ga]
         plan = self.plan([t.num_tokens for t in trajs])
@@ -243,6 +267,8 @@ class Trainer:
         updates = 0
         for mb_index, micro in plan:
             num_tokens = sum(trajs[i].num_trained_tokens for i in mb_index)  # a tool's output is not trained
+            # the sequence-mean losses' divisor: the whole mini-batch's, as num_tokens (never a rank's share)
+            num_seqs = sum(trajs[i].num_trained_tokens > 0 for i in mb_index)
             self.optimizer.zero_grad(set_to_none=True)
             mb_loss = torch.zeros((), dtype=torch.float64, device=self.device)
             for idx in micro:
@@ -250,6 +276,7 @@ class Trainer:
                     idx is None
                 ):  # this rank has no more work: a zero-loss pass keeps the ranks' collectives in step
                     self._idle_pass(trajs)
+                    sums["idle_passes"] = sums.get("idle_passes", 0.0) + 1
                     continue
                 batch = self._collate([trajs[i] for i in idx], [adv_of[i] for i in idx])
                 logp = self._forward_logprobs(self.policy, batch)
@@ -269,6 +296,8 @@ class Trainer:
                     same_weights=self._same_weights(
                         [trajs[i] for i in idx], proximal is not None or updates == 0
                     ),
+                    seq_lengths=[len(trajs[i].response_ids) for i in idx],
+                    num_seqs=num_seqs,
                 )
                 # FSDP averages gradients over ranks; each rank's loss is its share of the mini-batch's sum
                 (loss * self.world).backward()
@@ -287,7 +316,9 @@ class Trainer:
             updates += 1
 
         if self.world > 1:  # the same keys on every rank, one with only idle passes included
-            keys = sorted(set(LOSS_METRICS) | ({"kl_sum"} if self.ref_policy is not None else set()))
+            keys = sorted(
+                set(LOSS_METRICS) | {"idle_passes"} | ({"kl_sum"} if self.ref_policy is not None else set())
+            )
             total = self._all_sum(torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64))
             sums = dict(zip(keys, total.tolist()))
         self._count_nonfinite(nonfinite, losses, grad_norms)
@@ -318,6 +349,8 @@ class Trainer:
             # (numerical: kernels, precision) and the rest (that plus the policy's drift since their version)
             **_split_mismatch(sums),
             "updates": updates,
+            # a sharded trainer's filler passes (a rank with fewer micro-batches than the busiest), all ranks told
+            "idle_passes": int(sums.get("idle_passes", 0)),
             **({"kl": sums.get("kl_sum", 0.0) / n_tok} if self.ref_model is not None else {}),
             "step_time_s": time.perf_counter() - t0,
             "nonfinite": nonfinite,
@@ -330,6 +363,10 @@ class Trainer:
         no update of this step has touched them yet), in `_collate`'s flat order."""
         flags = [float(unchanged and t.version == self.version) for t in trajs for _ in t.response_ids]
         return torch.tensor(flags, dtype=torch.float32, device=self.device)
+
+    def _trained(self) -> list[tuple[str, nn.Parameter]]:
+        """The parameters the optimizer updates, by name: all of them, or with LoRA the adapters alone."""
+        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
 
     def _clip_grad_norm(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
@@ -609,7 +646,8 @@ class Trainer:
         """The published tensors' names, the keys `save_pretrained` writes: with tied embeddings
         `lm_head.weight` is left out (it is `model.embed_tokens.weight`) and loaders re-tie it."""
         if self._names is None:
-            self._names = [k for k, _ in self.model.state_dict().items()]
+            names = [lora.base_name(k) for k in self.model.state_dict()]
+            self._names = [k for k in names if k is not None]  # LoRA: the base model's names, no adapter
             if _ties_embeddings(self.model):
                 self._names.remove("lm_head.weight")
         return list(self._names)
@@ -626,6 +664,8 @@ class Trainer:
         if check:
             self.check_finite()
         dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else None
+        if self.lora:  # rollouts get the merged model, never the adapters
+            return lora.merged_weights(self.model, self.publish_names(), self._merged, dtype)
         if self.master is not None and dtype == self.master.dtype:  # the compute copy is already that cast
             if self._compute_views is None:  # refreshed in place after every update: resolved once
                 sd = self.master.compute.state_dict()
@@ -706,7 +746,19 @@ class Trainer:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         moments, steps = self._moments()
-        if self.world == 1:
+        if self.lora:  # the merged model (a resume's replicas and `laminar export` load it) and the adapters
+            merged = lora.merged_weights(self.model, self.publish_names())
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in merged.items()},
+                str(out / "model.safetensors"),
+                metadata={"format": "pt"},
+            )
+            self.model.config.save_pretrained(out)
+            if self.model.generation_config is not None:
+                self.model.generation_config.save_pretrained(out)
+            lora.save_adapter(self.model, out / lora.ADAPTER_DIR)
+            save_tensors(moments, out / OPTIMIZER_DIR)
+        elif self.world == 1:
             self.model.save_pretrained(out)
             save_tensors(moments, out / OPTIMIZER_DIR)
         else:
@@ -738,17 +790,20 @@ class Trainer:
         reads each rank's rows from the files)."""
         path = check_model_dir(path)
         groups, steps, rng, meta = load_trainer_state(path)
-        names = [n for n, _ in self.model.named_parameters()]
+        trained = self._trained()
+        names = [n for n, _ in trained]
         if sorted(steps) != sorted(names):
             raise CheckpointError(
                 f"{path / 'trainer_state.json'}: optimizer steps for {len(steps)} parameters, but the model has "
                 f"{len(names)} (first difference: {sorted(set(steps) ^ set(names))[:1]}); another model's checkpoint?"
             )
-        moments = {
-            f"{kind}.{n}": torch.zeros_like(p) for n, p in self.model.named_parameters() for kind in MOMENTS
-        }
+        moments = {f"{kind}.{n}": torch.zeros_like(p) for n, p in trained for kind in MOMENTS}
         try:
-            load_tensors(self._model_tensors(), path, self.world)
+            if self.lora:  # the base is `model_path`'s, frozen: only the adapters were trained
+                adapters = {lora.adapter_key(n): p.detach() for n, p in trained}
+                load_tensors(adapters, path / lora.ADAPTER_DIR, 1)
+            else:
+                load_tensors(self._model_tensors(), path, self.world)
             load_tensors(moments, path / OPTIMIZER_DIR, self.world)
         except Exception as e:  # noqa: BLE001 - any reader failure is a bad checkpoint, named
             raise CheckpointError(f"{path}: the weights or optimizer moments do not load ({e})") from e
@@ -773,16 +828,12 @@ class Trainer:
         """AdamW's moments by `exp_avg.NAME` / `exp_avg_sq.NAME`, and each parameter's step count. A parameter
         with no update yet gets zero moments, which is what AdamW starts from."""
         tensors, steps = {}, {}
-        for n, p in self.model.named_parameters():
+        for n, p in self._trained():
             st = self.optimizer.state.get(p, {})
             steps[n] = int(st["step"]) if "step" in st else 0
             for kind in MOMENTS:
                 tensors[f"{kind}.{n}"] = st[kind] if kind in st else torch.zeros_like(p)
         return tensors, steps
-
-
-MOMENTS = ("exp_avg", "exp_avg_sq")
-OPTIMIZER_DIR = "optimizer"
 
 
 class MasterWeights:
@@ -795,7 +846,9 @@ class MasterWeights:
     def __init__(self, master: nn.Module, dtype: torch.dtype) -> None:
         self.dtype = dtype
         self.compute = copy.deepcopy(master).to(dtype)
-        self.pairs = list(zip(master.parameters(), self.compute.parameters()))
+        # the trained parameters (LoRA: the adapters; the frozen base is cast once, here)
+        pairs = zip(master.parameters(), self.compute.parameters())
+        self.pairs = [(m, c) for m, c in pairs if m.requires_grad]
         for m, c in self.pairs:
             if m.shape != c.shape:
                 raise RuntimeError("the compute copy's parameters do not line up with the master's")

@@ -102,3 +102,26 @@ def uneven_main(rank: int, world: int, port: int, out: str) -> None:
             )
     finally:
         dist.destroy_process_group()
+
+
+def algorithm_main(rank: int, world: int, port: int, out: str, name: str) -> None:
+    """One step of `test_sharded_algorithms.ALGORITHMS[name]` on `test_sharded.batch()`; rank 0 writes the
+    gathered parameters and the loss."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from laminar.trainer.trainer import Trainer
+    from tests.trainer.test_sharded import batch, model
+    from tests.trainer.test_sharded_algorithms import ALGORITHMS
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        tr = Trainer(ALGORITHMS[name], model=model(), rank=rank, world=world)
+        metrics = tr.train_step(batch())
+        full = {k: v.full_tensor() for k, v in tr.model.state_dict().items()}
+        if rank == 0:
+            save_file(
+                {k: v.contiguous() for k, v in full.items()}
+                | {"metric.loss": torch.tensor([metrics["loss"]])},
+                os.path.join(out, "params.safetensors"),
+            )
+    finally:
+        dist.destroy_process_group()

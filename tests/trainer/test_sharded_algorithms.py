@@ -1,0 +1,46 @@
+"""The sequence-level algorithms on the sharded trainer (FSDP2 over gloo, 2 CPU ranks) against one process:
+GSPO's ratio needs each sequence whole on one rank, and the sequence means divide by the whole mini-batch's
+sequence count, never a rank's or a micro-batch's."""
+
+from __future__ import annotations
+
+import pytest
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from laminar.trainer.grpo import GRPOConfig
+from laminar.trainer.trainer import Trainer, TrainerConfig
+from tests.trainer.sharded_ranks import algorithm_main
+from tests.trainer.test_sharded import batch, free_port, model
+
+ALGORITHMS = {
+    "gspo": TrainerConfig(
+        lr=1e-3,
+        micro_batch_size=3,
+        threads=1,
+        mini_batches=2,
+        grpo=GRPOConfig(ratio="sequence", loss_agg="seq_mean_token_mean", clip_low=0.01, clip_high=0.01),
+    ),
+    "drgrpo": TrainerConfig(
+        lr=1e-3,
+        micro_batch_size=3,
+        threads=1,
+        mini_batches=2,
+        grpo=GRPOConfig(advantage="drgrpo", loss_agg="seq_mean_token_sum_norm", norm_tokens=20),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_two_ranks_take_the_same_step_as_one(name, tmp_path):
+    single = Trainer(ALGORITHMS[name], model=model())
+    plan = single.plan([t.num_tokens for g in batch() for t in g])
+    every = sorted(i for _, micro in plan for mb in micro for i in mb or [])
+    assert every == list(range(20))  # each sequence in exactly one micro-batch, whole
+    m = single.train_step(batch())
+    mp.spawn(algorithm_main, args=(2, free_port(), str(tmp_path), name), nprocs=2)
+    got = load_file(str(tmp_path / "params.safetensors"))
+    for k, v in single.model.state_dict().items():
+        if k != "lm_head.weight":  # tied: model.embed_tokens.weight
+            assert float((got[k] - v).abs().max()) <= 1e-5, k
+    assert got["metric.loss"].tolist()[0] == pytest.approx(m["loss"], abs=1e-5)
