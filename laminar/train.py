@@ -138,13 +138,17 @@ def train(
     """One run. `hook(runtime, step_metrics)` runs after every step (tests use it to inject failures)."""
 
     from laminar.relay.slots import sweep_stale
-    from laminar.runtime.checkpoint import RUNTIME_STATE, finish_checkpoint_swap, rewind_to_checkpoint
+    from laminar.runtime.checkpoint import (
+        RUNTIME_STATE,
+        check_checkpoint,
+        finish_checkpoint_swap,
+        rewind_to_checkpoint,
+    )
     from laminar.runtime.launch import Runtime
     from laminar.schedules import Schedule
     from laminar.telemetry.console import Console
     from laminar.telemetry.recorder import Recorder
     from laminar.telemetry.tracking import Trackers
-    from laminar.trainer.state_files import verify_checkpoint
 
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint"
@@ -155,8 +159,8 @@ def train(
             f"cannot resume {out}: it has no checkpoint/{RUNTIME_STATE} (a run folder of "
             "`laminar train` that reached its first checkpoint)"
         )
-    if resume:  # every checkpoint file parses (as data, never as code) before any actor starts
-        verify_checkpoint(ckpt, RUNTIME_STATE)
+    if resume:  # every file parses as data (never as code) and is in range, before any actor starts
+        check_checkpoint(ckpt)
         rewind_to_checkpoint(out, ckpt)  # the logs end where the checkpoint does
     warning = lr_warning(cfg)
     if warning:
@@ -294,6 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     config, overrides = args.config, list(args.overrides)
     if args.resume:  # the run's own resolved config, then whatever is given here
+        run = Path(args.resume)
+        if not (run / "config.yaml").is_file():
+            what = "has no config.yaml" if run.is_dir() else "is a file" if run.exists() else "does not exist"
+            print(
+                f"laminar train: cannot resume: the run folder {run} {what}; --resume takes a folder that "
+                "`laminar train` wrote (config.yaml, metrics.jsonl, checkpoint/)",
+                file=sys.stderr,
+            )
+            return 2
         if config and "=" not in config:
             print(
                 "laminar train: --resume takes the run's own config.yaml; give only overrides",
@@ -314,12 +327,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"laminar train: bad configuration: {e}", file=sys.stderr)
         return 2
     if args.resume:
-        from laminar.runtime.checkpoint import RUNTIME_STATE, finish_checkpoint_swap
-        from laminar.trainer.state_files import CheckpointError, verify_checkpoint
+        from laminar.runtime.checkpoint import check_checkpoint, finish_checkpoint_swap
+        from laminar.trainer.state_files import CheckpointError
 
         try:
             finish_checkpoint_swap(Path(args.resume) / "checkpoint")
-            verify_checkpoint(Path(args.resume) / "checkpoint", RUNTIME_STATE)
+            check_checkpoint(Path(args.resume) / "checkpoint")
         except CheckpointError as e:
             print(f"laminar train: cannot resume: {e}", file=sys.stderr)
             return 2
@@ -356,4 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
     print(f"plots and summary in {cfg.run.out}")
+    if not summary["trajectories"]["audit_ok"]:  # work unaccounted for: not a run to build on
+        from laminar.telemetry.audit import audit_run, headline
+
+        print(
+            f"laminar train: the trajectory audit failed: {headline(audit_run(cfg.run.out))} "
+            f"(laminar audit {cfg.run.out})",
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -53,7 +53,7 @@ class RolloutManager:
         self.repack: RepackLoop | None = None
         if schedule.repack:
             self.repack = RepackLoop(
-                self.fleet, cfg.repack, self.dispatcher, partial_pool, self.supervisor.place
+                self.fleet, cfg.repack, self.dispatcher, partial_pool, self.supervisor.place, r.dead_after_s
             )
         self._tasks: list[asyncio.Task] = []
 
@@ -92,7 +92,9 @@ class RolloutManager:
     async def move_master(self, node: str) -> list[Any]:
         return await self.supervisor.move_master(node)
 
-    async def stop(self) -> dict[str, Any]:
+    async def stop(self, settle: bool = False) -> dict[str, Any]:
+        """No more work for anyone; the background loops end. `settle` (the run ended normally): then the
+        supervisor's last look at every replica and relay (`Supervisor.settle`)."""
         self.dispatcher.stop()
         # A repack round or a recovery under way finishes first: cancelled between a source's export and the
         # destination's import, it would leave the moved trajectories on no replica at all.
@@ -100,6 +102,8 @@ class RolloutManager:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if settle:
+            await self.supervisor.settle()
         return self.report()
 
     def report(self) -> dict[str, Any]:

@@ -160,10 +160,17 @@ class RepackLoop:
     (recovery), used for moves neither end would take."""
 
     def __init__(
-        self, fleet: Fleet, settings: RepackConfig, dispatcher: Any, partial_pool: Any, place: Any
+        self,
+        fleet: Fleet,
+        settings: RepackConfig,
+        dispatcher: Any,
+        partial_pool: Any,
+        place: Any,
+        answer_s: float,
     ) -> None:
         self.fleet, self.settings, self.dispatcher = fleet, settings, dispatcher
         self.partial_pool, self.place = partial_pool, place
+        self.answer_s = answer_s  # rollout.dead_after_s: a replica silent this long sits the round out
         self.stats = RepackStats()
 
     async def run(self) -> None:
@@ -203,8 +210,9 @@ class RepackLoop:
         """Moved groups are owed by their destination too (so its death recovers them with their row), and
         moves neither end would take go through recovery. The caller holds `fleet.placing`."""
         fleet = self.fleet
-        snaps = await asyncio.gather(
-            *[h.snapshot.remote() for h in fleet.handles.values()], return_exceptions=True
+        snaps = await asyncio.gather(  # a hung replica must not hold `placing` (recovery waits for it)
+            *[asyncio.wait_for(h.snapshot.remote(), self.answer_s) for h in fleet.handles.values()],
+            return_exceptions=True,
         )
         done = await repack_once(
             fleet.handles,

@@ -147,13 +147,15 @@ class Supervisor:
                 log.warning("failure watch: %r", e)
                 self.fleet.event("watch_error", error=repr(e), where=traceback.format_exc(limit=-3))
 
-    async def check_once(self) -> None:
+    async def check_once(self, replace: bool = True) -> None:
+        """Ask every relay, then every replica; the dead are logged, counted and replaced (with `replace`, else
+        only logged and counted, and a dead replica's work recovered)."""
         fleet = self.fleet
         relays = list(fleet.relays)
         answers = await asyncio.gather(*[self._answers(r.ping.remote()) for r in relays])
         for relay, alive in zip(relays, answers):
             if not alive:
-                await self._replace_relay(relay)
+                await self._replace_relay(relay, replace)
         rids = list(fleet.handles)
         snapshots = await asyncio.gather(*[self._snapshot_of(fleet.handles[rid]) for rid in rids])
         dead = []
@@ -163,8 +165,16 @@ class Supervisor:
             elif snapshot.get("error"):
                 self.replica_error(snapshot)
                 dead.append(rid)
-        if self.fatal is None:
-            await asyncio.gather(*[self._replace_replica(rid) for rid in dead])
+        if self.fatal is None or not replace:
+            await asyncio.gather(*[self._replace_replica(rid, replace) for rid in dead])
+
+    async def settle(self) -> None:
+        """The run's last look, once no more work is handed out: every relay and replica is asked once more, so
+        a failure not noticed yet (a machine lost in the last steps: its actors answer nothing for `dead_after_s`)
+        is logged and counted, and a dead replica's work is recovered onto a live replica, in flight there when
+        the run ends, not lost. Nothing is replaced or relinked: the run is ending. Work that no live replica can
+        take stays where it is (a `recovery_failed` record), and the run's audit counts it lost."""
+        await self.check_once(replace=False)
 
     async def _snapshot_of(self, handle: Any) -> dict[str, Any] | None:
         """A replica's snapshot; None if it does not answer in time ({} if it answered with an error)."""
@@ -201,11 +211,19 @@ class Supervisor:
             self.on_fatal()
 
     # ---- replicas ----------------------------------------------------------------------------------------
-    async def _replace_replica(self, dead: int) -> None:
-        """Recover its work on the live replicas first, then start a replacement that pulls from its relay."""
+    async def _replace_replica(self, dead: int, replace: bool = True) -> None:
+        """Recover its work on the live replicas first, then start a replacement that pulls from its relay
+        (without `replace`: the run is ending, only the recovery)."""
         fleet = self.fleet
         ray.kill(fleet.handles.pop(dead))  # a hung one too
         fleet.event("failure", what="rollout", replica=dead)
+        if not replace:
+            fleet.failures["rollouts"] += 1
+            try:
+                await self.recover(dead)
+            except RuntimeError as e:  # no live replica is left to take it
+                fleet.event("recovery_failed", replica=dead, error=str(e))
+            return
         await self.recover(dead)
         last = None
         for _ in range(5):  # a machine going away may still be offered for a few seconds: try again
@@ -221,6 +239,9 @@ class Supervisor:
                 ray.kill(new)
                 last = e
                 continue
+            except asyncio.CancelledError:  # the run stopped meanwhile: the half-started replacement goes too
+                ray.kill(new)
+                raise
             fleet.event("replacement", replica=new_id, **{"for": dead})
             fleet.handles[new_id] = new
             fleet.failures["rollouts"] += 1  # counted once handled: recovered and replaced
@@ -256,10 +277,9 @@ class Supervisor:
             work = await self._group_work(
                 {g: groups[g] for g in pending}, {g: by_group.get(g, []) for g in pending}
             )
-            snaps = await asyncio.gather(
-                *[h.snapshot.remote() for h in fleet.handles.values()], return_exceptions=True
-            )
-            live = {s["replica"]: s["version"] for s in snaps if isinstance(s, dict) and not s.get("error")}
+            # one that does not answer in time (hung, or its machine going) takes nothing: the watch deals with it
+            snaps = await asyncio.gather(*[self._snapshot_of(h) for h in fleet.handles.values()])
+            live = {s["replica"]: s["version"] for s in snaps if s and not s.get("error")}
             if not live:
                 raise RuntimeError(f"no live replica is left to take the work of groups {sorted(pending)}")
             pending = set()
@@ -336,11 +356,12 @@ class Supervisor:
         await self.relink()
         return relay
 
-    async def _replace_relay(self, dead: Any) -> None:
+    async def _replace_relay(self, dead: Any, replace: bool = True) -> None:
         """Relink the chain without it at once, then start a new one on its node if that machine is alive (a
         node relay's replicas re-point to it; a new master is picked up by the trainer after its next step,
         `Runtime.train`). A relay whose machine is gone is not replaced there: that machine's replicas are
-        dead too, and their replacements bring up a relay wherever they land."""
+        dead too, and their replacements bring up a relay wherever they land. Without `replace` (the run is
+        ending) it is only dropped from the chain, logged and counted."""
         fleet = self.fleet
         ray.kill(dead)  # a hung one too
         fleet.failures["relays"] += 1
@@ -355,6 +376,8 @@ class Supervisor:
             None, alive_nodes
         )
         event = fleet.event("failure", what="relay", node=node, replaced=False)
+        if not replace:
+            return
         if fleet.relays:
             await self.relink()
         if not alive:

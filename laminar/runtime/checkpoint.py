@@ -11,7 +11,7 @@ from typing import Any
 import ray
 
 from laminar.jsonio import write_json
-from laminar.trainer.state_files import read_json
+from laminar.trainer.state_files import CheckpointError, read_json, verify_checkpoint
 
 RUNTIME_STATE = "runtime_state.json"  # the run's pools and counters beside the trainer's files
 
@@ -86,6 +86,109 @@ def write_checkpoint(rt: Any, path: Path) -> None:
         path.rename(old)
     tmp.rename(path)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def check_checkpoint(path: Path) -> None:
+    """Before a resume starts anything: every file parses as data, the trainer's weights and optimizer moments
+    are all there with the shapes its model's config implies (`verify_checkpoint`), and `RUNTIME_STATE` is in
+    range (`check_runtime_state`). The first problem raises `CheckpointError`, one line."""
+    verify_checkpoint(path, RUNTIME_STATE)
+    check_runtime_state(path)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _traj_group(tid: Any) -> int | None:
+    """The group of a trajectory id as a checkpoint names it ("GROUP:SAMPLE"; an evaluation's group is
+    negative), or None if it is not one."""
+    group, sep, sample = tid.partition(":") if isinstance(tid, str) else ("", "", "")
+    return int(group) if sep and group.removeprefix("-").isdigit() and sample.isdigit() else None
+
+
+def check_runtime_state(path: Path) -> None:
+    """`RUNTIME_STATE` as data: the version a non-negative integer and the trainer's own, the prompt pool's
+    counters in range, and every group id it names issued. A prompt pool issues ids in order, one row drawn a
+    group, so `next_group_id` is `epoch x num_rows + cursor`; and every group it issued is still named by the
+    checkpoint (outstanding or queued in the pool, in flight, seen by the buffer or trained), so no id past the
+    last one named was issued. A tampered id would otherwise send a resumed run and `laminar audit` counting
+    through every number below it."""
+    file = path / RUNTIME_STATE
+    state = read_json(file, "prompt pool, buffer and in-flight frontier")
+
+    def bad(field: str, value: Any, valid: str) -> CheckpointError:
+        return CheckpointError(f"{file}: {field}={value!r:.80} is invalid: {valid}")
+
+    if not isinstance(state, dict):
+        raise bad("(the file)", type(state).__name__, "an object of fields, as `laminar train` writes it")
+    trainer = read_json(path / "trainer_state.json", "trainer step, optimizer groups and RNG").get("version")
+    version = state.get("version")
+    if not _count(version) or version != trainer:
+        raise bad(
+            "version",
+            version,
+            f"a non-negative integer, the trainer's version (trainer_state.json: {trainer})",
+        )
+    logs = state.get("logs", {})
+    for name, size in logs.items() if isinstance(logs, dict) else [("", logs)]:
+        if not _count(size):
+            raise bad(
+                f"logs.{name}", size, "a non-negative integer: the log's length in bytes at the checkpoint"
+            )
+    pool = state.get("prompt_pool")
+    if not isinstance(pool, dict):
+        raise bad("prompt_pool", pool, "an object: the prompt pool's cursor and groups")
+    rows, epoch, cursor, issued = (pool.get(k) for k in ("num_rows", "epoch", "cursor", "next_group_id"))
+    if not _count(rows) or rows == 0:
+        raise bad("prompt_pool.num_rows", rows, "a positive integer: the dataset's rows")
+    if not _count(epoch):
+        raise bad("prompt_pool.epoch", epoch, "a non-negative integer")
+    if not _count(cursor) or cursor > rows:
+        raise bad("prompt_pool.cursor", cursor, f"an integer from 0 to num_rows = {rows}")
+    if not _count(issued) or issued != epoch * rows + cursor:
+        raise bad(
+            "prompt_pool.next_group_id",
+            issued,
+            f"epoch x num_rows + cursor = {epoch * rows + cursor} (the pool draws one row a group)",
+        )
+
+    def listed(where: Any, key: str, field: str) -> list[Any]:
+        value = where.get(key) if isinstance(where, dict) else None
+        if not isinstance(value, list):
+            raise bad(field, value, "a list, as `laminar train` writes it")
+        return value
+
+    def group_id(g: Any) -> Any:
+        return g.get("group_id") if isinstance(g, dict) else g
+
+    named: list[
+        tuple[str, Any]
+    ] = []  # (field, group id or trajectory id) for everything the checkpoint names
+    for key in ("outstanding", "returned"):
+        field = f"prompt_pool.{key}"
+        named += [(f"{field}[].group_id", group_id(g)) for g in listed(pool, key, field)]
+    entries = listed(state.get("partial_pool"), "entries", "partial_pool.entries")
+    named += [
+        ("partial_pool.entries[].traj_id", e.get("traj_id") if isinstance(e, dict) else e) for e in entries
+    ]
+    named += [("buffer.seen[]", tid) for tid in listed(state.get("buffer"), "seen", "buffer.seen")]
+    named += [("trained_ids[]", tid) for tid in listed(state, "trained_ids", "trained_ids")]
+    last = -1
+    for field, value in named:
+        group = (value if _count(value) else None) if field.endswith("group_id") else _traj_group(value)
+        if group is not None and group < 0:  # an evaluation's: never the prompt pool's
+            continue
+        if group is None or group >= issued:
+            raise bad(field, value, f"a group issued: an id below prompt_pool.next_group_id = {issued}")
+        last = max(last, group)
+    if issued > last + 1:
+        raise bad(
+            "prompt_pool.next_group_id",
+            issued,
+            f"at most {last + 1}: the checkpoint names no group past {last} (every group the pool issued is "
+            "outstanding or queued there, in flight, seen by the buffer or trained)",
+        )
 
 
 def restore_checkpoint(rt: Any, path: Path) -> None:

@@ -375,8 +375,9 @@ class Runtime:
         returned = ray.get(self.buffer.return_lent.remote(), timeout=self.cfg.run.timeout_s)
         if returned:
             self.recorder.log("returned_to_buffer", groups=returned)
-        wait = self.cfg.run.timeout_s + (2 * self.cfg.rollout.dead_after_s if settle else 0)
+        wait, bound = self.cfg.run.timeout_s, "run.timeout_s"
         if settle:
+            wait, bound = wait + 2 * self.cfg.rollout.dead_after_s, "run.timeout_s + 2 x rollout.dead_after_s"
             self.recorder.log(
                 "phase",
                 what="stopping: every replica and relay is asked once more (a failure not noticed yet is counted "
@@ -386,10 +387,7 @@ class Runtime:
             report = ray.get(self.manager.stop.remote(settle), timeout=wait)
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError(
-                f"stopping the rollouts took over {wait:g} s (run.timeout_s"
-                + (" + 2 x rollout.dead_after_s: the last look at every replica and relay, and the recovery "
-                   "of the work of those found dead" if settle else "")
-                + "); the rollout manager did not answer"
+                f"stopping the rollouts: the rollout manager did not answer within {wait:g} s ({bound})"
             ) from None
         self.replicas = ray.get(self.manager.live_replicas.remote(), timeout=self.cfg.run.timeout_s)
         self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)

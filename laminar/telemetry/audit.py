@@ -103,6 +103,7 @@ def audit_records(
     last_start: dict[str, Any] = {}
     last_end: dict[str, Any] | None = None
     dispatched: set[int] = set()  # by the last segment
+    ever_dispatched: set[int] = set()  # by any segment
     for r in records:
         kind = r.get("kind")
         if kind == "segment":
@@ -115,6 +116,7 @@ def audit_records(
             )
         elif kind == "dispatch":
             dispatched.update(r["groups"])
+            ever_dispatched.update(r["groups"])
         elif kind == "end":
             last_end = r
     audit.segments = max(audit.segments, 1)
@@ -176,7 +178,18 @@ def audit_records(
         audit.problems.append(f"trained but never issued: {never_issued[:5]} ({len(never_issued)} in all)")
 
     audit.issued = issued_groups * group_size
-    for g in range(issued_groups):
+    # Every group issued is named by a record (its dispatch, its step, the end's frontier). The ids checked go
+    # as far past the last one named as the records name groups, never to any count a record claims (a
+    # tampered one would take forever): a count past that is a fault of its own.
+    named = {group_of(t) for t in [*consumed, *filtered, *pending, *dropped]} | queued | ever_dispatched
+    last = max((g for g in named if g < issued_groups), default=-1)
+    checked = min(issued_groups, last + 1 + len(named))
+    if issued_groups > checked:
+        audit.problems.append(
+            f"the prompt pool counts {issued_groups} groups issued, but the records name {len(named)} groups, "
+            f"none past {last}"
+        )
+    for g in range(checked):
         for i in range(group_size):
             tid = traj_id(g, i)
             if tid in times or tid in filtered:
@@ -245,6 +258,24 @@ def report(audit: Audit) -> str:
     lines += [f"PROBLEM: {p}" for p in audit.problems]
     lines.append("ok" if audit.ok else "FAILED")
     return "\n".join(lines)
+
+
+def headline(audit: Audit) -> str:
+    """What failed, in one line (`laminar train` exits with it); `report` has the rest."""
+    parts = []
+    if audit.unexplained:
+        parts.append(
+            f"{len(audit.unexplained)} ids lost without a reason (issued, never trained and nowhere at the end, "
+            f"e.g. {', '.join(audit.unexplained[:3])})"
+        )
+    if audit.duplicated:
+        parts.append(
+            f"{len(audit.duplicated)} ids trained more than once (e.g. {next(iter(audit.duplicated))})"
+        )
+    parts += audit.problems[:1]
+    if len(audit.problems) > 1:
+        parts.append(f"{len(audit.problems) - 1} more problems")
+    return "; ".join(parts) or "ok"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,23 @@ def errors(records: list[dict[str, Any]]) -> dict[str, Any]:
         "reward_errors_by_kind": dict(sorted(by_kind.items())),
         "replica_errors": sum(r["kind"] == "replica_error" for r in records),
         "nonfinite_steps": sum(bool(r.get("nonfinite")) for r in records if r["kind"] == "step"),
+    }
+
+
+def failures(records: list[dict[str, Any]]) -> dict[str, int]:
+    """`summary.json`'s `failures`, counted from the run's records, the ones `metrics.jsonl` holds: a `failure`
+    record for every replica, relay or trainer lost, and what each `recovery` placed (a dead replica's work, or
+    moves that repack could not finish)."""
+    lost = Counter(r.get("what") for r in records if r["kind"] == "failure")
+    placed = [r for r in records if r["kind"] == "recovery"]
+    return {
+        "rollouts": lost["rollout"],
+        "relays": lost["relay"],
+        "trainer": lost["trainer"],
+        "recovered_trajectories": sum(r.get("recovered", 0) for r in placed),
+        "restarted_trajectories": sum(r.get("restarted", 0) for r in placed),
+        "restarted_groups": sum(r.get("restarted_groups", 0) for r in placed),
+        "tool_reruns": sum(r.get("tool_reruns", 0) for r in placed),
     }
 
 

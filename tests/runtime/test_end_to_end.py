@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections import defaultdict
 
 import pytest
@@ -146,6 +147,92 @@ def test_resume_from_a_checkpoint_file_replaced_by_a_pickle_runs_nothing(
     assert len(err) == 1 and victim in err[0], err
     assert not marker.exists()
     assert (run / "config.yaml").read_text() == config_before
+
+
+def _edit_state(edit):
+    def tamper(ckpt):
+        state = json.loads((ckpt / "runtime_state.json").read_text())
+        edit(state)
+        (ckpt / "runtime_state.json").write_text(json.dumps(state))
+
+    return tamper
+
+
+def _narrow(ckpt):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(ckpt / "model.safetensors")
+    tensors["model.layers.0.mlp.up_proj.weight"] = tensors["model.layers.0.mlp.up_proj.weight"][
+        :, :16
+    ].clone()
+    save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+
+
+TAMPERED = {  # what was done to the checkpoint, and what the one line says
+    "next_group_id": (
+        _edit_state(lambda s: s["prompt_pool"].update(next_group_id=10**18)),
+        "runtime_state.json: prompt_pool.next_group_id=1000000000000000000 is invalid: epoch x num_rows + "
+        "cursor = ",
+    ),
+    "epoch_and_next_group_id": (  # consistent with each other, past every group the checkpoint names
+        _edit_state(
+            lambda s: s["prompt_pool"].update(
+                epoch=10**15, next_group_id=10**15 * s["prompt_pool"]["num_rows"] + s["prompt_pool"]["cursor"]
+            )
+        ),
+        "is invalid: at most ",
+    ),
+    "trained_id_never_issued": (
+        _edit_state(lambda s: s["trained_ids"].append("99999:0")),
+        "runtime_state.json: trained_ids[]='99999:0' is invalid: a group issued: an id below "
+        "prompt_pool.next_group_id = ",
+    ),
+    "negative_version": (
+        _edit_state(lambda s: s.update(version=-5)),
+        "runtime_state.json: version=-5 is invalid: a non-negative integer, the trainer's version "
+        "(trainer_state.json: 4)",
+    ),
+    "string_version": (
+        _edit_state(lambda s: s.update(version="4")),
+        "runtime_state.json: version='4' is invalid",
+    ),
+    "no_weights": (
+        lambda ckpt: (ckpt / "model.safetensors").unlink(),
+        "model.safetensors: missing; expected the trainer's weights (safetensors) of a Laminar checkpoint",
+    ),
+    "no_optimizer": (
+        lambda ckpt: shutil.rmtree(ckpt / "optimizer"),
+        "optimizer: missing; expected the optimizer's moments (safetensors) of a Laminar checkpoint",
+    ),
+    "wrong_shape": (
+        _narrow,
+        "model.safetensors: tensor model.layers.0.mlp.up_proj.weight has shape [96, 16]; ",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERED))
+def test_a_tampered_checkpoint_is_one_line_before_anything_starts(
+    laminar_run, tmp_path, case, capsys, monkeypatch
+):
+    from laminar.train import main
+
+    def started(*args, **kwargs):
+        raise AssertionError("the resumed run started")
+
+    monkeypatch.setattr("laminar.train.train", started)
+    out, _, _ = laminar_run
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    metrics = (run / "metrics.jsonl").read_bytes()
+    tamper, says = TAMPERED[case]
+    tamper(run / "checkpoint")
+    capsys.readouterr()
+    assert main(["--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"laminar train: cannot resume: {run / 'checkpoint'}/"), err
+    assert says in err[0], err
+    assert (run / "metrics.jsonl").read_bytes() == metrics
 
 
 def test_laminar_audit_passes_on_the_run_and_agrees_with_the_summary(laminar_run, capsys):

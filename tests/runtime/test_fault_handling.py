@@ -1,6 +1,7 @@
 """Faults absorbed or reported on the three-node test cluster: rewards that fail are scored 0 and counted, a
-replica whose loop raised is replaced, replicas failing the same way stop the run with one line, and a run
-leaves no shared memory behind."""
+replica whose loop raised is replaced, replicas lost in the last step are found and their work accounted for,
+replicas failing the same way or a reward failing on every answer stop the run with one line, and a run leaves no
+shared memory behind."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import glob
 import json
 import math
 import os
+import signal
 import subprocess
 import time
 
@@ -82,9 +84,11 @@ def wait_for_replacement(rt, timeout_s: float = 60) -> None:
         time.sleep(0.1)
 
 
-def test_failing_rewards_and_a_dead_replica_loop_cost_nothing_and_leave_no_shared_memory(
+def test_failing_rewards_and_replicas_lost_mid_run_or_at_the_end_cost_nothing_and_leave_no_shared_memory(
     ray_cluster, tiny_model_dir, tmp_path, capsys
 ):
+    """Replicas lost in the last step: two stop answering (SIGSTOP, as a machine that went away) right after it,
+    so only the run's last look finds them; their work is recovered onto the live replica before the end."""
     digits = [
         "1 2 3",
         "4 5",
@@ -113,7 +117,10 @@ def test_failing_rewards_and_a_dead_replica_loop_cost_nothing_and_leave_no_share
             f"run.out={out}",
             f"task.name={data}",
             "task.reward=tests.runtime.faulty_rewards:by_mode",
+            "task.reward_fail_groups=0",  # three rows in four fail on purpose: absorbed, never a stop
             "run.timeout_s=90",
+            "rollout.dead_after_s=4",  # the run's last look waits this long for the stopped replicas
+            "repack.enabled=false",  # a repack move to or from a stopped replica would wait on it
         ],
     )
     stale = os.path.join(SHM_DIR, f"laminar-{exited_pid()}-0badc0de-publish-0")
@@ -126,8 +133,18 @@ def test_failing_rewards_and_a_dead_replica_loop_cost_nothing_and_leave_no_share
             seen["victim"] = victim = sorted(rt.replicas)[0]
             ray.get(rt.replicas[victim].__ray_call__.remote(_inject_unknown_request))
             wait_for_replacement(rt)
+        if m["version"] == 4:  # the last step: nothing has noticed when the run ends
+            live = ray.get(rt.manager.live_replicas.remote(), timeout=30)
+            seen["stopped"] = sorted(live)[:2]
+            seen["stopped_pids"] = [ray.get(live[r].pid.remote(), timeout=30) for r in seen["stopped"]]
+            for pid in seen["stopped_pids"]:
+                os.kill(pid, signal.SIGSTOP)
 
-    summary = train(cfg, out, quiet=True, hook=hook)
+    try:
+        summary = train(cfg, out, quiet=True, hook=hook)
+    finally:
+        for pid in seen.get("stopped_pids", []):
+            os.kill(pid, signal.SIGKILL)
     records = strict_lines(out / "metrics.jsonl")
     assert strict((out / "summary.json").read_text()) == json.loads((out / "summary.json").read_text())
 
@@ -151,6 +168,22 @@ def test_failing_rewards_and_a_dead_replica_loop_cost_nothing_and_leave_no_share
     assert "Traceback" in failure["traceback"] and summary["replica_errors"] == 1
     assert any(r["kind"] == "replacement" and r["for"] == seen["victim"] for r in records)
     assert summary["trainer_steps"] == 4
+
+    # the replicas stopped in the last step were found by the run's last look, counted, their work recovered
+    last_step = max(r["t"] for r in records if r["kind"] == "step")
+    found = [r for r in records if r["kind"] == "failure" and r["t"] > last_step]
+    assert sorted(r["replica"] for r in found) == seen["stopped"] and all(
+        r["what"] == "rollout" for r in found
+    )
+    assert {r["replica"] for r in records if r["kind"] == "recovery"} >= set(seen["stopped"])
+    assert not any(r["kind"] == "replacement" and r["for"] in seen["stopped"] for r in records)
+    # summary.json counts every failure record
+    lost = [r.get("what") for r in records if r["kind"] == "failure"]
+    f = summary["failures"]
+    assert (f["rollouts"], f["relays"], f["trainer"]) == tuple(
+        lost.count(w) for w in ("rollout", "relay", "trainer")
+    )
+    assert f["rollouts"] >= 3
 
     # nothing was lost or trained twice for it (the run's own audit), and the saved weights are finite
     from laminar.telemetry.audit import audit_run
@@ -208,6 +241,46 @@ def test_replicas_failing_the_same_way_stop_the_run_in_seconds_with_one_line(
     failures = [r for r in strict_lines(out / "metrics.jsonl") if r["kind"] == "replica_error"]
     assert len(failures) >= 3 and all("Traceback" in r["traceback"] for r in failures)
     assert "RolloutFailure" in (out / "error.log").read_text()
+
+
+def test_a_reward_failing_on_every_answer_stops_the_run_in_seconds_with_one_line(
+    ray_cluster, tiny_model_dir, tmp_path, capsys
+):
+    """The reward works on the right answer (so the dry run before the start, which passes the ground truth,
+    finds nothing) and fails on every other one: raises on half the rows, NaN on the rest. The tiny model never
+    writes the right answer (it is not in its vocabulary)."""
+    rows = [
+        {"prompt": f"{d} 1 =", "answer": "never \u2713", "mode": ("raise", "nan")[d % 2]} for d in range(8)
+    ]
+    data = write_rows(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    code = main(
+        [
+            "train",
+            *TINY,
+            "rollout.replicas=1",
+            "trainer.steps=40",
+            f"model.path={tiny_model_dir}",
+            f"task.name={data}",
+            "task.reward=tests.runtime.faulty_rewards:right_or_fails",
+            "task.reward_fail_groups=4",
+            "run.timeout_s=120",
+            f"--out={out}",
+        ]
+    )
+    elapsed = time.monotonic() - t0
+    ours = [line for line in capsys.readouterr().err.splitlines() if line.startswith("laminar train: ")]
+    assert code == 1 and len(ours) == 1, ours
+    assert ours[0].startswith(
+        "laminar train: every reward of the last 4 groups failed (task.reward_fail_groups=4); the last: reward "
+        "function tests.runtime.faulty_rewards:right_or_fails on row "
+    ), ours
+    assert "RuntimeError: cannot parse the answer" in ours[0] or "returned nan" in ours[0], ours
+    steps = [r for r in strict_lines(out / "metrics.jsonl") if r["kind"] == "step"]
+    assert len(steps) == 1, "two groups a step: the second batch taken makes four failing groups"
+    assert elapsed < 120, f"took {elapsed:.0f}s"
+    assert "RewardFailure" in (out / "error.log").read_text()
 
 
 def test_an_error_raised_in_an_actor_task_is_shown_as_its_own_one_line_message(ray_cluster):

@@ -4,6 +4,7 @@ records shaped as `laminar train` writes them."""
 from __future__ import annotations
 
 import json
+import time
 
 from laminar.cli import main
 from laminar.telemetry.audit import audit_records
@@ -144,3 +145,22 @@ def test_a_rolled_back_step_takes_what_it_set_aside_with_it():
     ]
     a = audit_records(records)
     assert a.ok and (a.trained, a.filtered, a.rolled_back_steps) == (4, 2, 1)
+
+
+def test_the_cost_is_bounded_by_the_ids_the_records_name_not_by_a_count_they_claim():
+    from laminar.telemetry.audit import headline
+
+    t0 = time.monotonic()
+    a = audit_records([segment(), step(1, 0), end(10**18, in_flight=["1:0", "1:1"])])
+    unfinished = audit_records([segment(issued=10**18), step(1, 0)])  # no `end`: issued from the segment
+    assert time.monotonic() - t0 < 5
+    assert not a.ok and a.trained == 2 and a.pending == 2
+    assert a.problems == [
+        "the prompt pool counts 1000000000000000000 groups issued, but the records name 2 groups, none past 1"
+    ]
+    assert not unfinished.ok and any("1000000000000000000 groups issued" in p for p in unfinished.problems)
+    line = headline(audit_records([segment(), step(1, 0), step(2, 0), end(2)]))
+    assert "\n" not in line and line.startswith(
+        "2 ids lost without a reason (issued, never trained and nowhere"
+    )
+    assert "2 ids trained more than once (e.g. 0:0)" in line
