@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	RAY_AUTH_MODE=disabled $(BIN)/laminar train --out runs/demo
 
+# Three test processes, a file's tests in one of them (module fixtures are built once), longest files first.
 test: $(STAMP)
-	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q --durations=15
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q --durations=15 -n 3 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check laminar tests && $(BIN)/ruff format --check laminar tests

@@ -7,6 +7,7 @@ import sys
 
 COMMANDS = {
     ("train",): "laminar.train:main",
+    ("config",): "laminar.config:main",
     ("warmup",): "laminar.data.warmup:main",
     ("bench", "engine"): "laminar.bench.engine:main",
     ("bench", "relay"): "laminar.bench.relay:main",
@@ -25,6 +26,7 @@ USAGE = """usage: laminar COMMAND [ARGS]
 
 commands:
   train [CONFIG] [key=value ...]   train with the configured schedule (defaults: the embedded CPU demo)
+  config [CONFIG] [key=value ...]  print the resolved configuration (YAML) and the reward it scores with
   warmup [--out DIR]               build the demo's warm-start checkpoint (supervised warm-up)
   bench engine                     decode throughput by batch size vs Hugging Face generate
   bench relay                      weight propagation along the relay chain
@@ -37,11 +39,29 @@ commands:
   audit RUN_DIR                    every trajectory trained exactly once, or lost for a reason
   model import FILE.gguf --out DIR a .gguf file (only) as a Hugging Face model directory (extra [gguf])
   export RUN_DIR --out DIR         the run's last checkpoint as a Hugging Face model directory
+  --version                        the installed version and the digest of its source
 """
+
+
+def version() -> str:
+    """The installed package's version and the digest of the source it runs (`summary.json`'s `code`)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    from laminar.telemetry.provenance import code_digest
+
+    try:
+        number = installed("laminar")
+    except PackageNotFoundError:
+        number = "(not installed)"
+    return f"laminar {number} (code {code_digest()})"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        print(version())
+        return 0
     for words, target in sorted(COMMANDS.items(), key=lambda kv: -len(kv[0])):
         if tuple(argv[: len(words)]) == words:
             module, func = target.split(":")

@@ -30,7 +30,9 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = "reverse"  # a built-in task (`laminar.tasks.TASKS`; reverse is the demo) or a JSONL path
-    reward: str = ""  # dotted path module:function; empty = the task's own reward
+    # dotted path module:function, (response, row) or verl's compute_score; empty = the math reward for rows from
+    # files, else the built-in task's own (laminar.rewards.stop.choose_reward)
+    reward: str = ""
     reward_timeout_s: float = 30.0  # a reward call that runs longer scores 0 and is counted as a reward error
     # every reward of this many groups in a row failed (raised, timed out, not a finite number): the run stops
     # with the error; 0 = never
@@ -99,6 +101,14 @@ class RolloutConfig:
     # each decode step queued before the last one's tokens reach the host: auto (where decode runs as CUDA
     # graphs) | on | off
     pipeline: str = "auto"
+    # grouped speculative decoding (laminar/engine/drafter.py): draft tokens from the group's text, verified in
+    # the decode step; samples unchanged. off | auto (only while the running batch is at most
+    # speculation_max_batch and the group's draft tokens are accepted at least speculation_min_acceptance of the
+    # time) | on
+    speculation: str = "off"
+    speculation_max_draft: int = 8  # most draft tokens a request verifies in one step
+    speculation_max_batch: int = 16
+    speculation_min_acceptance: float = 0.5
 
 
 # the loss's options (laminar/trainer/grpo.py; README "Algorithms"), named as verl names them
@@ -228,9 +238,8 @@ class RunConfig:
     timeout_s: float = 120.0  # longest any single wait may take before the run fails with a message
     ray_address: str = ""  # empty = start a local Ray instance
     num_cpus: int = 0  # logical CPUs for a local Ray instance; 0 = enough for the configured actors
-    save_trajectories: bool = (
-        True  # trained trajectories (token ids, versions, rewards) to trajectories.jsonl
-    )
+    # trained trajectories (token ids, the response text, versions, rewards) to trajectories.jsonl
+    save_trajectories: bool = True
     wandb_project: str = ""  # set: also log to Weights & Biases (offline unless WANDB_MODE=online)
     export: str = ""  # at the end, also the final weights as a Hugging Face dir RUN_DIR/model in this dtype
 
@@ -479,6 +488,22 @@ def validate(cfg: Config) -> None:
     _check(r.num_cpus > 0, "rollout.num_cpus", r.num_cpus, "a positive number of CPUs")
     _check(r.placement in ("pack", "spread"), "rollout.placement", r.placement, "pack or spread")
     _check(r.pipeline in ("auto", "on", "off"), "rollout.pipeline", r.pipeline, "auto, on or off")
+    _check(r.speculation in ("off", "auto", "on"), "rollout.speculation", r.speculation, "off, auto or on")
+    _check(
+        r.speculation_max_draft >= 1,
+        "rollout.speculation_max_draft",
+        r.speculation_max_draft,
+        "at least 1 token",
+    )
+    _check(
+        r.speculation_max_batch >= 1, "rollout.speculation_max_batch", r.speculation_max_batch, "at least 1"
+    )
+    _check(
+        0 <= r.speculation_min_acceptance <= 1,
+        "rollout.speculation_min_acceptance",
+        r.speculation_min_acceptance,
+        "in [0, 1]",
+    )
     _check(
         r.max_failures_in_a_row >= 1, "rollout.max_failures_in_a_row", r.max_failures_in_a_row, "at least 1"
     )
@@ -668,3 +693,29 @@ def validate(cfg: Config) -> None:
         cfg.run.export,
         "'' (no export) or the dtype of RUN_DIR/model: float32, bfloat16 or float16",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`laminar config [CONFIG] [key=value ...]`: the resolved configuration as YAML (what `laminar train` with
+    the same arguments would run, and writes to RUN_DIR/config.yaml), and the reward it would score with."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="laminar config", description=main.__doc__)
+    ap.add_argument("config", nargs="?", help="YAML config file (optional; defaults are the CPU demo)")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-5")
+    args = ap.parse_args(argv)
+    config, overrides = args.config, list(args.overrides)
+    if config and "=" in config:  # only overrides were given
+        config, overrides = None, [config, *overrides]
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as e:
+        print(f"laminar config: bad configuration: {e}", file=sys.stderr)
+        return 2
+    from laminar.rewards.stop import choose_reward
+
+    choice = choose_reward(cfg)
+    print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    print(f"# reward in use: {choice.path}: {choice.why}")
+    return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -45,17 +46,53 @@ def resolve_model(cfg: Config) -> str:
     return str(demo)
 
 
-def check_inputs(cfg: Config) -> None:
-    """What the actors would otherwise find late, checked on the driver before any starts: every dataset row
-    loads and its prompt encodes and fits with the model's tokenizer, and the reward function imports and does not
-    fail on every one of a few rows (`laminar.rewards.stop.dry_run`)."""
-    from laminar.rewards.stop import DRY_RUN_ROWS, DRY_RUN_TIMEOUT_S, dry_run, dry_run_rows, reward_path
+def check_device(cfg: Config) -> None:
+    """`model.device=cuda` on a machine without CUDA is one line here, not Ray's tracebacks a minute later (a
+    cluster's driver may have no GPU of its own: there the workers' devices are theirs to check)."""
+    if cfg.model.device != "cuda" or cfg.run.ray_address:
+        return
+    import torch
 
+    if not torch.cuda.is_available():
+        built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
+        raise ConfigError(
+            f"model.device='cuda' but this machine has no usable CUDA device (torch {torch.__version__}, {built}); "
+            "use model.device=cpu or auto"
+        )
+
+
+def check_inputs(cfg: Config) -> None:
+    """What the actors would otherwise find late, checked on the driver before any starts: the device; the model
+    directory (config, an architecture the engine implements, weights, a tokenizer that loads); every dataset
+    row loads, has a ground truth where the reward compares with one, and its prompt encodes and fits with the
+    model's tokenizer; and the reward function imports and does not fail on every one of a few rows
+    (`laminar.rewards.stop.dry_run`)."""
+    from laminar.rewards.stop import (
+        DRY_RUN_ROWS,
+        DRY_RUN_TIMEOUT_S,
+        MATH_REWARD,
+        choose_reward,
+        dry_run,
+        dry_run_rows,
+    )
+
+    check_device(cfg)
+    codec = None
+    if cfg.model.path:
+        from laminar.data.codec import TaskCodec
+        from laminar.engine.config import ModelConfig
+
+        model = resolve_model(cfg)  # config.json and weights
+        ModelConfig.from_dir(model)  # an architecture the engine implements
+        codec = TaskCodec.from_config(model, cfg)  # a tokenizer that loads
+    reward = choose_reward(cfg).path
     rows = []
     if cfg.data.train_files or cfg.data.val_files or cfg.task.name.endswith(".jsonl"):
-        from laminar.data.dataset import check_prompts, read_dataset_files
+        from laminar.data.dataset import check_ground_truths, check_prompts, read_dataset_files
 
         files = read_dataset_files(cfg)  # every row's fields first: no model is needed for that
+        if reward == MATH_REWARD:
+            check_ground_truths(files, reward)
         check_prompts(files, cfg, resolve_model(cfg))
         rows = [row for _, numbered in files for _, row in numbered][:DRY_RUN_ROWS]
     else:  # a built-in task: a few of its rows
@@ -64,18 +101,27 @@ def check_inputs(cfg: Config) -> None:
         few = copy.deepcopy(cfg)
         few.task.num_prompts = DRY_RUN_ROWS
         rows = train_rows(few)
-    path = reward_path(cfg.task.name, cfg.task.reward)
-    dry_run(path, dry_run_rows(rows), min(cfg.task.reward_timeout_s, DRY_RUN_TIMEOUT_S))
+    dry_run(reward, dry_run_rows(rows), min(cfg.task.reward_timeout_s, DRY_RUN_TIMEOUT_S))
     from laminar.tasks import TASKS
 
     task = TASKS.get(cfg.task.name)
-    if task is not None and task.check_codec is not None and cfg.model.path:
-        from laminar.data.codec import TaskCodec
-
-        task.check_codec(TaskCodec.from_config(resolve_model(cfg), cfg))
+    if task is not None and task.check_codec is not None and codec is not None:
+        task.check_codec(codec)
     from laminar.telemetry.tracking import check_wandb
 
     check_wandb(cfg.run.wandb_project)
+
+
+def start_lines(cfg: Config, model_path: str) -> list[str]:
+    """What a run says before Ray starts: the reward in use and why, the memory estimate, and a warning when
+    the estimate is more than the machine has."""
+    from laminar.rewards.stop import choose_reward
+    from laminar.runtime.factory import use_cuda
+    from laminar.runtime.memory import check_memory
+
+    choice = choose_reward(cfg)
+    estimate, warning = check_memory(cfg, model_path, use_cuda(cfg))
+    return [f"reward {choice.path}: {choice.why}", estimate, *([warning] if warning else [])]
 
 
 def start_ray(cfg: Config) -> None:
@@ -176,6 +222,10 @@ def train(
             what=f"checking the model {cfg.model.path}" if cfg.model.path else "the task's warm start",
         )
         model_path = resolve_model(cfg)
+        for line in start_lines(cfg, model_path):
+            print(
+                f"laminar: {line}", file=sys.stderr if line.startswith("warning") else sys.stdout, flush=True
+            )
         sweep_stale()  # shared memory left by killed runs on this (the driver's) node
         recorder.log("phase", what="starting Ray")
         start_ray(cfg)
@@ -200,6 +250,7 @@ def _run(
     model_path: str,
 ) -> dict[str, Any]:
     """The started run: the schedule's loop, the last checkpoint, the summary and the plots."""
+    from laminar.rewards.stop import choose_reward
     from laminar.runtime.evaluation import eval_summary
     from laminar.telemetry.audit import audit_run
     from laminar.telemetry.plots import plot_run
@@ -276,6 +327,7 @@ def _run(
             "failures": failures(recorder.records),  # the run's own `failure` and `recovery` records
             "filtered_groups": audit.filtered_groups,  # trainer.filter_groups: set aside, every segment
             "eval": eval_summary(recorder.records, cfg.eval.targets),
+            "reward": dataclasses.asdict(choose_reward(cfg)),  # the reward in use and why
         },
     )
     write_json(out / "summary.json", summary)
@@ -366,8 +418,13 @@ def main(argv: list[str] | None = None) -> int:
         "reward_errors",
         "replica_errors",
         "nonfinite_steps",
+        "eval",
     )
-    print(json.dumps({k: summary[k] for k in keys}, indent=2))
+    print(json.dumps({k: summary.get(k) for k in keys}, indent=2))
+    if summary.get("eval"):
+        from laminar.telemetry.console import summary_line
+
+        print(f"laminar: {summary_line(summary['eval'])}")
     print(f"plots and summary in {cfg.run.out}")
     if not summary["trajectories"]["audit_ok"]:  # work unaccounted for: not a run to build on
         from laminar.telemetry.audit import audit_run, headline

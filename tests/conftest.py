@@ -1,5 +1,9 @@
-"""Shared fixtures: one Ray cluster per test session (three nodes on this machine, so one-relay-per-node and
-the chain are exercised), and a tiny random model directory with the demo task's tokenizer."""
+"""Shared fixtures: one Ray cluster per test process (three nodes on this machine, so one-relay-per-node and the
+chain are exercised), and a tiny random model directory with the demo task's tokenizer.
+
+`make test` runs the suite in several processes (pytest-xdist, `--dist loadfile`): a file's tests stay in one
+process, so module fixtures (a whole run shared by its checks) are built once, and each process that runs a
+cluster test starts its own cluster on its own ports, shut down when that process ends."""
 
 from __future__ import annotations
 
@@ -13,6 +17,16 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # Keep every Ray node on loopback: Ray otherwise resolves 127.0.0.1 to the machine's outward address and the
 # driver looks for a loopback-bound GCS there. Must be set before ray is imported.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+# A node of the session cluster; test_machine_loss adds nodes back with the same arguments.
+WORKER_NODE = {"num_cpus": 4, "object_store_memory": 96 << 20, "node_ip_address": "127.0.0.1"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files holding end-to-end tests (`slow`) first: under xdist their long runs start at once and the quick
+    files fill the gaps, instead of one long run starting last. Within a file the order is unchanged."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(scope="session")
@@ -28,10 +42,11 @@ def ray_cluster():
             "object_store_memory": 96 << 20,
             "node_ip_address": "127.0.0.1",
             "include_dashboard": False,
+            "dashboard_agent_listen_port": None,  # any free port: another test process may run a cluster too
         },
     )
     for _ in range(2):
-        cluster.add_node(num_cpus=4, object_store_memory=96 << 20, node_ip_address="127.0.0.1")
+        cluster.add_node(**WORKER_NODE)
     ray.init(address=cluster.address)
     cluster.wait_for_nodes()
     yield cluster

@@ -135,3 +135,104 @@ def test_a_run_whose_trajectory_audit_fails_exits_non_zero_with_one_line(tmp_pat
         "laminar train: the trajectory audit failed: 2 ids lost without a reason (issued, never trained and "
         f"nowhere at the end, e.g. 1:0, 1:1) (laminar audit {out})"
     ]
+
+
+def test_version_names_the_package_and_its_source_digest(capsys):
+    from laminar.telemetry.provenance import code_digest
+
+    assert main(["--version"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("laminar ") and out.endswith(f"(code {code_digest()})")
+
+
+def test_config_prints_the_resolved_yaml_and_the_reward_it_scores_with(tmp_path, capsys):
+    import yaml
+
+    from laminar.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer:\n  steps: 7\n")
+    assert main(["config", str(path), "trainer.lr=1e-5", "task.name=arith"]) == 0
+    out = capsys.readouterr().out
+    printed = yaml.safe_load(out)
+    want = load_config(path, ["trainer.lr=1e-5", "task.name=arith"]).to_dict()
+    assert printed == want and printed["trainer"]["steps"] == 7 and printed["buffer"]["capacity_groups"] == 48
+    assert out.rstrip().splitlines()[-1] == (
+        "# reward in use: laminar.rewards.math:default_score: the built-in arith task's own, as task.reward is empty"
+    )
+    assert main(["config", "rollout.replicas=2"]) == 0  # overrides alone: the demo's defaults
+    assert yaml.safe_load(capsys.readouterr().out)["rollout"]["replicas"] == 2
+    assert main(["config", "rollout.replicas=0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rollout.replicas=0 is invalid" in err[0]
+
+
+def _refused_fast(argv, capsys, monkeypatch):
+    """`laminar train argv`: (exit code, stderr lines, seconds); the run itself must never start."""
+    import time
+
+    monkeypatch.setattr("laminar.train.train", lambda *a, **k: pytest.fail("the run started"))
+    t0 = time.monotonic()
+    code = main(["train", *argv])
+    return code, capsys.readouterr().err.strip().splitlines(), time.monotonic() - t0
+
+
+def test_cuda_asked_for_on_a_machine_without_it_is_one_line_before_ray(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine, or any without CUDA
+    code, err, seconds = _refused_fast(
+        ["model.device=cuda", f"run.out={tmp_path / 'run'}"], capsys, monkeypatch
+    )
+    assert code == 2 and len(err) == 1 and seconds < 5, err
+    assert err[0].startswith(
+        "laminar train: bad configuration: model.device='cuda' but this machine has no usable"
+    )
+    assert err[0].endswith("use model.device=cpu or auto")
+
+
+def test_a_model_directory_without_a_tokenizer_or_of_another_architecture_is_one_line(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    import json
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_model_dir / name, bare / name)
+    code, err, seconds = _refused_fast([f"model.path={bare}", "task.name=arith"], capsys, monkeypatch)
+    assert code == 2 and len(err) == 1 and seconds < 5, err
+    assert f"model directory {bare}: its tokenizer does not load" in err[0]
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(
+        json.dumps({**config, "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
+    )
+    code, err, seconds = _refused_fast([f"model.path={other}"], capsys, monkeypatch)
+    assert code == 2 and len(err) == 1 and seconds < 5, err
+    assert "unknown architecture ['GPT2LMHeadModel']: the engine implements" in err[0]
+
+
+def test_own_rows_are_scored_by_the_math_reward_and_the_run_says_so_at_the_start(tmp_path):
+    """The case that was silent: data.train_files without task.reward was scored by the demo's digit reversal."""
+    from laminar.config import load_config
+    from laminar.train import check_inputs, start_lines
+    from tests.realmodel import write_real_model_dir
+
+    model = write_real_model_dir(tmp_path / "model", "chatml")
+    rows = tmp_path / "train.jsonl"
+    rows.write_text(
+        "".join(
+            json.dumps({"prompt": f"What is {a} + 30?", "ground_truth": str(a + 30)}) + "\n" for a in range(4)
+        )
+    )
+    cfg = load_config(None, [f"model.path={model}", f"data.train_files={rows}", "trainer.lr=1e-5"])
+    check_inputs(cfg)  # the dry run of the math reward passes on these rows
+    lines = start_lines(cfg, str(model))
+    assert lines[0].startswith(
+        "reward laminar.rewards.math:default_score: the rows are your own (data.train_files) and task.reward is empty"
+    )
+    assert lines[1].startswith("memory estimate (host): per replica ") and len(lines) == 2

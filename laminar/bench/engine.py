@@ -1,5 +1,7 @@
 """`laminar bench engine`: decode throughput by batch size against Hugging Face `generate`, the memory roofline,
 and B, the batch size past which doubling the batch adds less than 10% throughput (the repack planner needs it).
+With `--speculation off,on`: tokens/s with grouped speculative decoding off and on instead
+(`laminar/bench/speculation.py`).
 
 Both sides run the same random model (the engine gets the HF model's state dict), the same prompt length and the
 same number of new tokens, sampling at temperature 1 with EOS ignored.
@@ -332,8 +334,30 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="each decode step waits for the last one's tokens (the engine's pipelining off)",
     )
+    spec = p.add_argument_group(
+        "speculation",
+        "with --speculation: tokens/s with it off and on instead (laminar/bench/speculation.py)",
+    )
+    spec.add_argument("--speculation", default=None, help="modes to compare, e.g. off,on or off,auto,on")
+    spec.add_argument("--task", default="arith", help="whose held-out prompts (the model's chat template)")
+    spec.add_argument("--group-size", type=int, default=8)
+    spec.add_argument("--temperature", type=float, default=1.0)
+    spec.add_argument("--top-p", type=float, default=1.0)
+    spec.add_argument("--max-draft", type=int, default=8, help="rollout.speculation_max_draft")
     args = p.parse_args(argv)
     cuda = args.device == "cuda"
+    if args.speculation is not None:
+        from laminar.bench.speculation import run_speculation
+
+        if not args.model:
+            p.error(
+                "--speculation needs --model DIR (a real model: random weights give no text to draft from)"
+            )
+        args.batch_sizes = args.batch_sizes or [1, 4, 16, 64]
+        args.new_tokens = args.new_tokens or (512 if cuda else 64)
+        dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))
+        run_speculation(args, args.device, dtype, argv)
+        return 0
     args.model = args.model or (["qwen2.5-0.5b"] if cuda else ["tiny"])
     args.batch_sizes = args.batch_sizes or (
         [1, 2, 4, 8, 16, 32, 64, 128, 256] if cuda else [1, 4, 16, 32, 64]

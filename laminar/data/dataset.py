@@ -261,6 +261,22 @@ def read_dataset_files(cfg: Any) -> list[tuple[str, NumberedRows]]:
     return [(str(p), _load_numbered(p, d.prompt_key, split)) for p, split in files]
 
 
+def check_ground_truths(files: list[tuple[str, NumberedRows]], reward: str) -> None:
+    """Every row of every file has a ground truth, for a reward that compares with one (the math reward): a row
+    without one is found here, on the driver, not each time it is scored."""
+    for path, rows in files:
+        for i, row in rows:
+            if row.get("ground_truth") is None:
+                has = sorted(k for k, v in row.items() if v not in (None, "", {}))
+                raise _fail(
+                    path,
+                    i,
+                    "no ground truth: expected the field 'reward_model.ground_truth' (verl's), 'ground_truth' or "
+                    f"'answer' (the row has {has}); the reward {reward} compares the answer with it (set "
+                    "task.reward for rows scored another way)",
+                )
+
+
 def check_prompts(files: list[tuple[str, NumberedRows]], cfg: Any, model_dir: str | Path) -> None:
     """On the driver, before any actor starts: every prompt encodes with the model's tokenizer (its chat
     template applies) and fits both the model's context and the replicas' KV cache, with room for a response."""

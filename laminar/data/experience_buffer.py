@@ -157,7 +157,12 @@ class ExperienceBuffer:
 
     def restart_group(self, group_id: int, traj_ids: list[str], version: int) -> bool:
         """Recovery starts the whole group over at `version`: its samples held now go, and only samples of
-        `version` are taken for it from now on. False (nothing changes) if the group is already complete."""
+        `version` are taken for it from now on. False (nothing changes) if the group is already complete. Asked
+        again for the same version (a call retried after the buffer's process was lost), what it holds of that
+        version stays."""
+        held = self.pending.get(group_id, {}).values()
+        if self.required.get(group_id) == version and all(t.version == version for t in held):
+            return True
         if group_id not in self.pending and all(t in self.seen for t in traj_ids):
             return False
         self._forget_pending(group_id)

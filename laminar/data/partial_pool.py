@@ -46,10 +46,14 @@ class PartialPool:
         self.restarted = 0
 
     def start(self, group: PromptGroup, replica: int, version: int) -> None:
-        """Registers all n samples of a group on one replica at one version."""
+        """Registers all n samples of a group on one replica at one version. Starting them again where they
+        already are is nothing (a call retried after the pool's process was lost)."""
         for i in range(group.n):
             tid = group.traj_id(i)
-            if tid in self.entries:
+            old = self.entries.get(tid)
+            if old is not None and (old.replica, old.version) == (replica, version):
+                continue
+            if old is not None:
                 raise KeyError(
                     f"partial pool: trajectory {tid} is already in flight on replica {self.entries[tid].replica}"
                 )
@@ -99,12 +103,23 @@ class PartialPool:
         if tool is not None:
             e.tool = tool
 
-    def progress(self, updates: dict[str, tuple]) -> None:
+    def progress(self, updates: dict[str, tuple], at: dict[str, int] | None = None) -> None:
         """One call per engine step (or a few) for a whole replica: per trajectory `(tokens, logprobs)`, or
-        `(tokens, logprobs, mask, tool)` with tool turns. Unknown ids (already finished) are skipped."""
+        `(tokens, logprobs, mask, tool)` with tool turns. Unknown ids (already finished) are skipped. `at`: how
+        many tokens each had reported before these, so a call made twice (retried after the pool's process was
+        lost) adds its tokens once; an update past a gap is dropped (the pool keeps the prefix it has, which a
+        recovery continues from)."""
         for tid, update in updates.items():
-            if tid in self.entries:
-                self.append(tid, *update)
+            e = self.entries.get(tid)
+            if e is None:
+                continue
+            have = len(e.response_ids) - (at or {}).get(tid, len(e.response_ids))
+            if have < 0 or have > len(update[0]):
+                continue
+            tokens, logprobs, *rest = update
+            if rest and rest[0] is not None:
+                rest[0] = list(rest[0])[have:]
+            self.append(tid, list(tokens)[have:], list(logprobs)[have:], *rest)
 
     def finish(self, traj_id: str) -> PartialTrajectory | None:
         """The trajectory reached the experience buffer; drop it from the frontier."""
@@ -128,9 +143,12 @@ class PartialPool:
 
     def restart(self, group: PromptGroup, sample_idxs: list[int], replica: int, version: int) -> None:
         """These samples start over from their prompt on `replica` at `version` (recovery: their version is
-        gone, their group restarts whole, or they never began): counted as restarts."""
+        gone, their group restarts whole, or they never began): counted as restarts. A sample already restarted
+        on `replica` at `version` stays as it is (a call made twice)."""
         for i in sample_idxs:
             old = self.entries.get(group.traj_id(i))
+            if old is not None and old.restarts and (old.replica, old.version) == (replica, version):
+                continue
             e = self.entries[group.traj_id(i)] = self._entry(group, i, replica, version)
             e.restarts = (old.restarts if old else 0) + 1
             self.restarted += 1

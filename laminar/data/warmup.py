@@ -40,9 +40,9 @@ class WarmupConfig:
 
     @classmethod
     def for_task(cls, task: str) -> WarmupConfig:
-        """Each task's own warm start: its length of supervised run, stopped while still partly right."""
-        steps = warm_start_of(task).steps
-        return cls() if steps is None else cls(steps=steps)
+        """Each task's own warm start: its length of supervised run and batch, stopped while still partly right."""
+        start, cfg = warm_start_of(task), cls()
+        return replace(cfg, steps=start.steps or cfg.steps, batch_size=start.batch_size or cfg.batch_size)
 
 
 def warm_start_of(task: str) -> WarmStart:
@@ -193,6 +193,7 @@ def warmup(
         **({"model": str(model_path), "lr": cfg.lr} if model_path is not None else {}),
         "params": n_params,
         "steps": cfg.steps,
+        "batch_size": cfg.batch_size,
         "device": cfg.device,
         **{name: getattr(cfg, name) for name in warm_start_of(task).reads},
         "seconds": round(time.perf_counter() - t0, 1),
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-size",
         type=int,
         default=None,
-        help=f"demonstrations a step (default: {WarmupConfig.batch_size})",
+        help=f"demonstrations a step (default: the task's own, else {WarmupConfig.batch_size})",
     )
     ap.add_argument(
         "--device",

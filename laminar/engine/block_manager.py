@@ -44,6 +44,18 @@ class BlockManager:
             self.refs[block] += 1
         seq.block_table = list(blocks)
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` tokens (a verify step's rejected draft tokens). The
+        table becomes a new list: a list is only ever appended to, which the decode staging relies on."""
+        keep = self.blocks_for(num_tokens)
+        if keep >= len(seq.block_table):
+            return
+        for block in seq.block_table[keep:]:
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self.free.append(block)
+        seq.block_table = seq.block_table[:keep]
+
     def release(self, seq: Sequence) -> None:
         """Drop the sequence's references; a block no sequence holds goes back to the free list."""
         for block in seq.block_table:

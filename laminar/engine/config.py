@@ -149,3 +149,32 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens={self.max_new_tokens}; expected >= 1")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "park_token_ids", tuple(self.park_token_ids))
+
+
+SPECULATION_MODES = ("off", "auto", "on")
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Grouped speculative decoding (`drafter.py`): each decode step may verify draft tokens taken from the
+    request's group's text. `on`: every request drafts whenever its group's text has a match; `auto`: only while
+    the running batch is at most `max_batch` and the group's drafts are accepted at least `min_acceptance` of the
+    time (where a decode step is bound by reading the weights, so extra tokens a row cost little). What a request
+    samples is the same either way; only the number of steps changes."""
+
+    mode: str = "off"
+    max_draft: int = 8  # most draft tokens a request verifies in one step
+    max_batch: int = 16  # auto: running requests at most
+    min_acceptance: float = 0.5  # auto: a group's running rate of accepted draft tokens at least
+
+    def __post_init__(self) -> None:
+        if self.mode not in SPECULATION_MODES:
+            raise ValueError(
+                f"speculation mode {self.mode!r}; expected one of {', '.join(SPECULATION_MODES)}"
+            )
+        if self.max_draft < 1:
+            raise ValueError(f"speculation max_draft={self.max_draft}; expected >= 1")
+        if self.max_batch < 1:
+            raise ValueError(f"speculation max_batch={self.max_batch}; expected >= 1")
+        if not 0 <= self.min_acceptance <= 1:
+            raise ValueError(f"speculation min_acceptance={self.min_acceptance}; expected in [0, 1]")

@@ -11,7 +11,7 @@ import torch
 
 from laminar.engine import paged_attention, sampler
 from laminar.engine.attention import gather_decode
-from laminar.engine.config import ModelConfig, SamplingParams
+from laminar.engine.config import ModelConfig, SamplingParams, Speculation
 from laminar.engine.engine import Engine
 
 
@@ -233,6 +233,47 @@ def check_pipeline() -> dict:
     return res
 
 
+def check_speculation() -> dict:
+    """The CUDA engine with speculation on against it off, float32: groups of 8 samples of 3 prompts, 3 requests
+    at a time (later samples draft from earlier ones, verified inside the decode graphs), greedy and sampled,
+    with stop tokens. Requests with identical tokens, the largest log-prob gap among them, and the draft tokens
+    accepted of those verified."""
+    cfg = tiny_config()
+    state = {k: v.mul(3) for k, v in Engine(cfg, max_model_len=300).runner.model.state_dict().items()}
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(2, 512, (int(n),), generator=gen).tolist() for n in (5, 17, 40)]
+    res = {}
+    for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
+        outs = []
+        for mode in ("off", "on"):
+            e = Engine(
+                cfg,
+                weights=state,
+                device="cuda",
+                max_model_len=300,
+                max_num_seqs=3,
+                speculation=Speculation(mode),
+            )
+            for g, p in enumerate(prompts):
+                for i in range(8):
+                    stop = tuple(range(2, 12)) if i % 2 else ()
+                    params = SamplingParams(temperature=temp, max_new_tokens=120, stop_token_ids=stop, seed=i)
+                    e.add_request(f"g{g}-{i}", p, params)
+            outs.append(run_added(e))
+            stats = e.stats()
+        a, b = outs
+        same = [k for k in a if a[k].output_token_ids == b[k].output_token_ids]
+        res[name] = {
+            "identical_requests": f"{len(same)}/{len(a)}",
+            # these weights (x3) make logits large: a batch of other rows moves a log-prob by ~1e-3 alone
+            "max_logprob_gap": max(abs(x - y) for k in same for x, y in zip(a[k].logprobs, b[k].logprobs)),
+            "accepted": f"{stats.accepted_tokens}/{stats.draft_tokens}",
+            "verify_steps": stats.verify_steps,
+            "graphs": max(e.runner.graphs, default=0),
+        }
+    return res
+
+
 def run_added(engine: Engine) -> dict:
     done = {}
     while engine.has_unfinished():
@@ -276,6 +317,11 @@ def main() -> int:
     res = check_pipeline()
     print(f"engine pipelined vs step by step (CUDA, identical requests): {res}")
     ok &= res["greedy"].split("/")[0] == res["greedy"].split("/")[1]
+    res = check_speculation()
+    print(f"engine with speculation vs without (CUDA float32): {res}")
+    for name in ("greedy", "sampled"):
+        n, total = res[name]["identical_requests"].split("/")
+        ok &= n == total and res[name]["verify_steps"] > 0
     print("CUDA CHECKS", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 

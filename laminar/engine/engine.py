@@ -8,6 +8,7 @@ cache is never reallocated.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -15,9 +16,10 @@ import numpy as np
 import torch
 
 from laminar.engine.block_manager import BlockManager
-from laminar.engine.config import ModelConfig, SamplingParams
+from laminar.engine.config import ModelConfig, SamplingParams, Speculation
+from laminar.engine.drafter import Drafter, next_draft_len
 from laminar.engine.model_runner import Launched, ModelRunner
-from laminar.engine.sampler import SamplingBatch, request_key
+from laminar.engine.sampler import SamplingBatch, accepted_prefix, request_key
 from laminar.engine.scheduler import Scheduler
 from laminar.engine.sequence import (
     EngineStats,
@@ -30,6 +32,9 @@ from laminar.engine.sequence import (
 from laminar.engine.weights import WeightLayout, load_safetensors_dir, unflatten
 
 CPU_KV_BUDGET = 1 << 30  # default KV cache on CPU: 1 GiB (or less if the running cap needs less)
+# rows a verify step may hold (a request's last token and each of its draft tokens is a row); with speculation
+# the decode graphs are captured up to this many
+VERIFY_ROWS = 128
 
 
 class Engine:
@@ -50,20 +55,25 @@ class Engine:
         use_cuda_graphs: bool = True,
         share_prompts: bool = True,
         pipeline: bool | None = None,
+        speculation: Speculation | None = None,
     ):
         """`weights=None` keeps the random initialisation (benchmarks); otherwise a Hugging Face state dict.
         `share_prompts=False` makes every sample prefill its own prompt (the measure of what sharing saves).
         `pipeline`: queue each decode step before the last one's tokens reach the host (`step`); by default on
         where decode runs as CUDA graphs (the host's work per step then hides behind the device's), off on
-        CPU, where nothing runs asynchronously to hide it behind."""
+        CPU, where nothing runs asynchronously to hide it behind. `speculation`: grouped speculative decoding
+        (`_drafts`, `_verify`); None: off."""
         self.config = cfg = model_config
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' but torch.cuda.is_available() is False; use device='cpu'")
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.block_size = block_size
+        self.speculation = speculation or Speculation()
+        speculating = self.speculation.mode != "off"
         if num_kv_blocks is None:
-            num_kv_blocks = self._default_kv_blocks(dtype, max_num_seqs, gpu_memory_utilization)
+            rows = max(max_num_seqs, VERIFY_ROWS if speculating else 0)
+            num_kv_blocks = self._default_kv_blocks(dtype, max_num_seqs, rows, gpu_memory_utilization)
         self.runner = ModelRunner(
             cfg,
             device=self.device,
@@ -73,6 +83,7 @@ class Engine:
             max_model_len=self.max_model_len,
             max_num_seqs=max_num_seqs,
             use_cuda_graphs=use_cuda_graphs,
+            max_rows=VERIFY_ROWS if speculating else 0,
         )
         self.blocks = BlockManager(num_kv_blocks, block_size)
         self.scheduler = Scheduler(
@@ -86,6 +97,10 @@ class Engine:
         self.share_prompts = share_prompts
         self.prefill_tokens = 0
         self.decode_steps = self.queued_ahead = self.dropped_rows = 0
+        self.drafter = Drafter() if speculating else None
+        self.verify_steps = self.draft_rows = self.verify_tokens = 0
+        self.draft_tokens = self.accepted_tokens = 0
+        self.draft_s = 0.0
         self._keys: dict[str, int] = {}
         self._inflight: Launched | None = None  # a decode step queued, not yet collected
         self._ready: StepOutput | None = None  # a step collected early, not yet returned by `step`
@@ -103,7 +118,7 @@ class Engine:
         cfg.eos_token_ids = tuple(dict.fromkeys([*cfg.eos_token_ids, *eos_token_ids]))
         return cls(cfg, weights=load_safetensors_dir(path), **kw)
 
-    def _default_kv_blocks(self, dtype: torch.dtype, max_num_seqs: int, utilization: float) -> int:
+    def _default_kv_blocks(self, dtype: torch.dtype, max_num_seqs: int, rows: int, utilization: float) -> int:
         per_block = ModelRunner.kv_bytes_per_block(self.config, self.block_size, dtype)
         wanted = max_num_seqs * -(-self.max_model_len // self.block_size)
         if self.device.type != "cuda":
@@ -114,7 +129,7 @@ class Engine:
             + 3 * cfg.hidden_size * cfg.intermediate_size
         )
         free, total = torch.cuda.mem_get_info(self.device)
-        activations = max_num_seqs * cfg.vocab_size * 4 * 3 + (2 << 30)
+        activations = rows * cfg.vocab_size * 4 * 3 + (2 << 30)  # a decode step's rows of logits
         budget = free - params * elem - activations - (1 - utilization) * total
         return max(1, min(wanted, int(budget // per_block)))
 
@@ -162,6 +177,9 @@ class Engine:
         seq.limit = min(seq.num_prompt_tokens + p.max_new_tokens, self.max_model_len)
         self._seqs[seq.request_id] = seq
         self._keys[seq.request_id] = request_key(seq.params.seed, seq.request_id)
+        if self.drafter is not None:
+            seq.group, seq.stream = self.drafter.join(seq.request_id, seq.token_ids, seq.num_prompt_tokens)
+            seq.draft_len = max(1, self.speculation.max_draft // 2)
         self.scheduler.waiting.append(seq)
 
     def abort(self, request_id: str) -> None:
@@ -172,6 +190,9 @@ class Engine:
             key = tuple(seq.token_ids[: seq.num_prompt_tokens])
             if self._prompt_leads.get(key) is seq:
                 del self._prompt_leads[key]
+            if seq.group is not None:
+                self.drafter.leave(seq.group, seq.stream, seq.token_ids)
+                seq.group = None
 
     def export_request(self, request_id: str, with_kv: bool = False) -> ExportedRequest:
         """Remove a request and return what another engine needs to continue it; `with_kv`: with the keys and
@@ -308,6 +329,9 @@ class Engine:
                 return self._record(
                     seqs, tokens, logprobs, StepOutput(is_prefill=True, num_tokens=num_tokens)
                 )
+            drafts = self._drafts(seqs)
+            if drafts is not None:
+                return self._verify(seqs, drafts)
             self._inflight = self.runner.launch_decode(seqs, lens, sb)
         step, self._inflight = self._inflight, None
         live = self._live_rows(step)  # nothing between the two changes a request
@@ -326,7 +350,7 @@ class Engine:
         blocks already freed; the device runs every later step after it). Only when the scheduler would decode
         the same requests: nothing waits to be admitted, no top-k/top-p row, and every block fits without
         preempting anyone. Otherwise None, and the next `step` schedules as usual."""
-        if self.scheduler.waiting:
+        if self.scheduler.waiting or self._may_draft(step.seqs):
             return None
         seqs, lens, rows, grow, need, bs = [], [], [], [], 0, self.blocks.block_size
         for i, (s, n, ok) in enumerate(zip(step.seqs, step.ctx_lens, live)):
@@ -374,6 +398,8 @@ class Engine:
 
     def _record(self, seqs, tokens: list[int], logprobs: list[float], out: StepOutput) -> StepOutput:
         """Append each sequence's sampled token; finish or park those it ends."""
+        if self._guessing(seqs) and not out.is_prefill:
+            self._guess(seqs, tokens)
         version, new_tokens = self.version, out.new_tokens
         for seq, tok, lp in zip(seqs, tokens, logprobs):
             seq.token_ids.append(tok)
@@ -382,13 +408,134 @@ class Engine:
             new_tokens[seq.request_id] = [tok]
             if tok not in seq.watch_tokens and len(seq.token_ids) < seq.limit:
                 continue  # neither ends nor parks it (`_admit`)
-            reason = self._finish_reason(seq, tok)
-            if reason:
-                out.finished.append(self._finish(seq, reason))
-            elif tok in seq.params.park_token_ids:
-                self.scheduler.park(seq)
-                out.parked.append(seq.request_id)
+            self._end(seq, tok, out)
         self.tokens_generated += len(seqs)
+        return out
+
+    def _end(self, seq: Sequence, tok: int, out: StepOutput) -> bool:
+        """Finish or park `seq` if `tok`, just appended, ends or parks it; whether it did."""
+        reason = self._finish_reason(seq, tok)
+        if reason:
+            out.finished.append(self._finish(seq, reason))
+            return True
+        if tok in seq.params.park_token_ids:
+            self.scheduler.park(seq)
+            out.parked.append(seq.request_id)
+            return True
+        return False
+
+    # ---- speculation --------------------------------------------------------------------------------------
+    def _may_draft(self, seqs: list[Sequence]) -> bool:
+        """Whether a decode step of `seqs` may verify drafts (then it runs step by step, never queued ahead:
+        a draft continues the tokens the step before sampled)."""
+        spec = self.speculation
+        if spec.mode == "off" or not seqs:
+            return False
+        if spec.mode == "on":
+            return True
+        low = spec.min_acceptance
+        return len(seqs) <= spec.max_batch and any(
+            s.group is not None and s.group.acceptance >= low for s in seqs
+        )
+
+    def _guessing(self, seqs: list[Sequence]) -> bool:
+        spec = self.speculation
+        return spec.mode == "auto" and len(seqs) <= spec.max_batch
+
+    def _drafts(self, seqs: list[Sequence]) -> list[list[int]] | None:
+        """Each scheduled request's draft tokens ([] for none), or None when no request drafts. A draft stops
+        one token short of the request's length limit, and within its share of the step's rows (`VERIFY_ROWS`)
+        and of the free blocks (never preempting anyone for a draft)."""
+        if not self._may_draft(seqs):
+            return None
+        spec, t = self.speculation, time.perf_counter()
+        share = min(spec.max_draft, (self.runner.max_rows - len(seqs)) // len(seqs))
+        low = spec.min_acceptance if spec.mode == "auto" else 0.0
+        free, bs = len(self.blocks.free), self.blocks.block_size
+        caught: set[int] = set()
+        drafts, any_draft = [], False
+        for s in seqs:
+            g, k, n = s.group, min(s.draft_len, share, s.limit - len(s) - 1), len(s)
+            if g is None or k < 1 or g.acceptance < low:
+                drafts.append([])
+                continue
+            if id(g) not in caught:
+                g.catch_up()
+                caught.add(id(g))
+            d = g.propose(s.stream, k)[: (len(s.block_table) + free) * bs - n]
+            free -= max(0, self.blocks.blocks_for(n + len(d)) - len(s.block_table))
+            drafts.append(d)
+            any_draft |= bool(d)
+        self.draft_s += time.perf_counter() - t
+        return drafts if any_draft else None
+
+    def _guess(self, seqs: list[Sequence], tokens: list[int]) -> None:
+        """auto: a request whose group's drafts fell below `min_acceptance` drafts nothing, but the drafter still
+        guesses its next token (one lookup). Whether the token sampled is the guess keeps the group's rate
+        current, so a group whose text comes to agree drafts again. Before any token of the step is appended:
+        a guess sees what a draft before the step would have seen."""
+        t, low, caught = time.perf_counter(), self.speculation.min_acceptance, set()
+        for s, tok in zip(seqs, tokens):
+            g = s.group
+            if g is None or g.acceptance >= low:
+                continue
+            if id(g) not in caught:
+                g.catch_up()
+                caught.add(id(g))
+            guess = g.propose(s.stream, 1)
+            if guess:
+                g.record(int(guess[0] == tok), 1)
+        self.draft_s += time.perf_counter() - t
+
+    def _verify(self, seqs: list[Sequence], drafts: list[list[int]]) -> StepOutput:
+        """One decode step that also checks drafts: a request with draft d_1..d_m takes m + 1 rows, row i reading
+        its tokens plus d_1..d_i (its key and value written at its position), and each row draws the token a
+        plain decode step would draw there. The draft is accepted up to the first token the draws disagree with
+        (`accepted_prefix`); the request gets the accepted tokens and the draw after them, each with the
+        log-prob a plain step records, up to any token that ends or parks it. Rejected tokens' keys and values
+        lie past what the request counts as cached, and the blocks past its new length go back."""
+        rows, lens, ids, starts = [], [], [], []
+        for s, d in zip(seqs, drafts):
+            n = len(s)
+            if d:
+                self.blocks.allocate(s, n + len(d))
+            starts.append(len(rows))
+            rows += [s] * (len(d) + 1)
+            lens += range(n, n + len(d) + 1)
+            ids += [s.token_ids[-1], *d]
+        sb = SamplingBatch.of([s.params for s in rows], [self._keys[s.request_id] for s in rows], lens)
+        tokens, logprobs = self.runner.collect(self.runner.launch_decode(rows, lens, sb, ids=ids))
+        if self._guessing(seqs):
+            plain = [i for i, d in enumerate(drafts) if not d]
+            self._guess([seqs[i] for i in plain], [tokens[starts[i]] for i in plain])
+        out = StepOutput(is_prefill=False, num_tokens=len(rows))
+        version, max_draft = self.version, self.speculation.max_draft
+        for s, d, r in zip(seqs, drafts, starts):
+            m, group = len(d), s.group
+            j = accepted_prefix(d, tokens[r : r + m])
+            kept = 0
+            for tok, lp in zip(tokens[r : r + j + 1], logprobs[r : r + j + 1]):
+                s.token_ids.append(tok)
+                s.logprobs.append(lp)
+                s.token_versions.append(version)
+                kept += 1
+                if (tok in s.watch_tokens or len(s.token_ids) >= s.limit) and self._end(s, tok, out):
+                    break
+            out.new_tokens[s.request_id] = tokens[r : r + kept]
+            self.tokens_generated += kept
+            if self._seqs.get(s.request_id) is s:  # still here (running or parked)
+                s.num_cached = len(s) - 1
+                self.blocks.truncate(s, len(s))
+            if m:
+                self.draft_rows += 1
+                self.draft_tokens += m
+                self.accepted_tokens += j
+                self.verify_tokens += kept
+                if group is not None:
+                    group.record(j, m)
+                s.draft_len = next_draft_len(s.draft_len, j, m, max_draft)
+        self.decode_steps += 1
+        self.verify_steps += 1
         return out
 
     def _drain(self) -> None:
@@ -476,6 +623,12 @@ class Engine:
             decode_steps=self.decode_steps,
             queued_ahead=self.queued_ahead,
             dropped_rows=self.dropped_rows,
+            verify_steps=self.verify_steps,
+            draft_rows=self.draft_rows,
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
+            verify_tokens=self.verify_tokens,
+            draft_s=self.draft_s,
         )
 
     def reset_peak(self) -> None:

@@ -58,7 +58,10 @@ class ModelRunner:
         max_model_len: int,
         max_num_seqs: int,
         use_cuda_graphs: bool,
+        max_rows: int = 0,
     ):
+        """`max_rows`: the most rows a decode step may have when more than `max_num_seqs` (speculation verifies
+        several tokens a request, one row each); the decode graphs are captured up to it."""
         self.cfg, self.device, self.dtype = cfg, device, dtype
         self.block_size, self.max_model_len = block_size, max_model_len
         fused = Fused(compile=device.type == "cuda" and use_cuda_graphs)
@@ -80,14 +83,15 @@ class ModelRunner:
         self.use_triton = device.type == "cuda" and paged_attention.available()
         self.graphs: dict[int, tuple] = {}  # batch size -> (graph, logits, tokens, logprobs)
         self._turn = self._out_turn = 0  # which pinned input / output buffers the next launch takes
+        self.max_num_seqs = max_num_seqs
+        self.max_rows = max(max_num_seqs, max_rows)
         self._host_out = [
             (
-                torch.empty(max_num_seqs, dtype=torch.int64, pin_memory=device.type == "cuda"),
-                torch.empty(max_num_seqs, dtype=torch.float32, pin_memory=device.type == "cuda"),
+                torch.empty(self.max_rows, dtype=torch.int64, pin_memory=device.type == "cuda"),
+                torch.empty(self.max_rows, dtype=torch.float32, pin_memory=device.type == "cuda"),
             )
             for _ in range(2)
         ]
-        self.max_num_seqs = max_num_seqs
         self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda"
 
     @staticmethod
@@ -199,11 +203,14 @@ class ModelRunner:
         ctx_lens: list[int],
         sb: SamplingBatch,
         after: Launched | None = None,
+        ids: list[int] | None = None,
     ) -> Launched:
         """Queue a decode step and return without waiting for it. Row i reads the first `ctx_lens[i]` tokens of
         `seqs[i]`, its last one as input. With `after` (a step still on its way, whose rows these sequences
         are), each input token is the one `after` samples for the same sequence: taken on the device, so this
-        step is queued before that one's tokens reach the host. `collect` gives the tokens and log-probs."""
+        step is queued before that one's tokens reach the host. With `ids`, row i's input token is `ids[i]`
+        instead (a verify step: a sequence in several rows, one a draft token, each reading one more token than
+        the last; a row's key and value go to its position's slot). `collect` gives the tokens and log-probs."""
         bsz = len(seqs)
         graph_bs = self._graph_size(bsz)
         rows = graph_bs or bsz
@@ -218,6 +225,8 @@ class ModelRunner:
         if after is not None:
             src = {id(s): i for i, s in enumerate(after.seqs)}
             st.ids[:bsz] = [src[id(s)] for s in seqs]
+        elif ids is not None:
+            st.ids[:bsz] = ids
         else:
             st.ids[:bsz] = [s.token_ids[n - 1] for s, n in zip(seqs, ctx_lens)]
         lens = np.fromiter(ctx_lens, np.int64, bsz)
@@ -291,13 +300,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:
-        """Capture decode plus sampling for padded batch sizes up to max_num_seqs.
+        """Capture decode plus sampling for padded batch sizes up to `max_rows`.
 
         Inputs travel in one pinned buffer and one copy; the graph reads views of its device twin.
         """
         if not (self.use_cuda_graphs and self.use_triton):
             return
-        sizes = [b for b in GRAPH_BATCH_SIZES if b < self.max_num_seqs] + [self.max_num_seqs]
+        sizes = [b for b in GRAPH_BATCH_SIZES if b < self.max_rows] + [self.max_rows]
         n = max(sizes)
         self._stagings = [_Staging(n, self.max_blocks, pinned=True) for _ in range(2)]
         for staging in self._stagings:

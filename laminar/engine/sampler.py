@@ -155,6 +155,21 @@ def sample(
     return sample_torch(logits, temperature, keys, top_k, top_p)
 
 
+def accepted_prefix(draft: list[int], sampled: list[int]) -> int:
+    """How many tokens of a request's `draft` one verify step accepts, given `sampled`: the token the request's
+    own Gumbel-max draw picks at each of the draft's positions (row i read the draft up to token i). Row i's
+    draw is the very one a plain decode step makes at that position (same noise, keyed by request and position),
+    so accepting draft token t where the draw picks t, and emitting the draw's token at the first position where
+    it does not, is exact speculative sampling for a deterministic draft: t is accepted with probability p(t),
+    and a rejected position emits the argmax over the other tokens, distributed as p without t, renormalised (p:
+    the row's distribution at its temperature, after top-k/top-p). The tokens emitted are those plain decoding
+    samples, whatever was drafted; the draft decides only how many one step computes."""
+    j = 0
+    while j < len(draft) and sampled[j] == draft[j]:
+        j += 1
+    return j
+
+
 @dataclass
 class SamplingBatch:
     """Per-row sampling inputs of one step, built on the host with numpy (cheap for any batch size)."""

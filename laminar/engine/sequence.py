@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from laminar.engine.config import SamplingParams
+from laminar.engine.drafter import GroupText
 
 
 @dataclass(eq=False)  # a request is itself: queues find it by identity, never by comparing its tokens
@@ -33,6 +34,10 @@ class Sequence:
     # the tokens that end or park it, and the length at which it ends (0: check every step in full)
     watch_tokens: frozenset[int] = frozenset()
     limit: int = 0
+    # speculation (`drafter.py`): the group whose text it drafts from, its stream there, its next draft length
+    group: GroupText | None = None
+    stream: int = 0
+    draft_len: int = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -119,3 +124,12 @@ class EngineStats:
     decode_steps: int = 0
     queued_ahead: int = 0  # decode steps queued before the previous one's tokens were known (pipelined)
     dropped_rows: int = 0  # rows of such steps whose request stopped, parked, left or was aborted meanwhile
+    # speculation: decode steps that verified drafts; requests (rows) in them that had one; the draft tokens
+    # they verified and accepted; the tokens those rows emitted (accepted plus one sampled, less any past an end);
+    # host seconds spent drafting (the index, the proposals, auto's guesses)
+    verify_steps: int = 0
+    draft_rows: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_tokens: int = 0
+    draft_s: float = 0.0

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import ray
@@ -173,6 +173,10 @@ class RepackLoop:
         self.answer_s = answer_s  # rollout.dead_after_s: a replica silent this long sits the round out
         self.stats = RepackStats()
 
+    def apply(self, r: dict[str, Any]) -> None:
+        """The stats after a round, as the manager's journal has them."""
+        self.stats = RepackStats(**r["stats"])
+
     async def run(self) -> None:
         updated = self.dispatcher.updated
         while not self.dispatcher.stopped:
@@ -210,6 +214,7 @@ class RepackLoop:
         """Moved groups are owed by their destination too (so its death recovers them with their row), and
         moves neither end would take go through recovery. The caller holds `fleet.placing`."""
         fleet = self.fleet
+        before = asdict(self.stats)
         snaps = await asyncio.gather(  # a hung replica must not hold `placing` (recovery waits for it)
             *[asyncio.wait_for(h.snapshot.remote(), self.answer_s) for h in fleet.handles.values()],
             return_exceptions=True,
@@ -228,8 +233,11 @@ class RepackLoop:
             move_kv=self.settings.move_kv,
             ramp_down_frac=self.settings.ramp_down_frac,
         )
-        now = time.time() - fleet.t0
-        fleet.events.extend({**e, "t": now} for e in done.events)
+        if asdict(self.stats) != before:
+            fleet.journal({"part": "repack", "op": "stats", "stats": asdict(self.stats)})
+        now = time.time()
+        for e in done.events:
+            fleet.event(e.pop("kind"), t=now, **e)
         for dst, group in done.moved:
             fleet.owe(dst, group)
         if done.orphans:

@@ -5,7 +5,8 @@ relay in the chain), every question is asked at once (a lost machine costs one t
 it), and dead replicas are replaced in parallel after their work is recovered onto live ones.
 
 Replicas and relays are made by the run's factory (`laminar.runtime.factory.Factory`), the same way at start
-and on replacement; recovery decisions are the pure `plan_recovery`."""
+and on replacement, and named by it, so a restarted manager finds them again (`resume`); recovery decisions are
+the pure `plan_recovery`."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ UNREACHABLE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableErro
 
 class MachineLost(RuntimeError):
     """A relay could not start on a machine: it is gone, or going."""
+
+
+class NoLiveReplica(RuntimeError):
+    """Work to place and no live replica to take it."""
 
 
 def alive_nodes() -> set[str]:
@@ -99,17 +104,42 @@ class Supervisor:
         self.fleet, self.partial_pool, self.sampling, self.run_seed = fleet, partial_pool, sampling, run_seed
         self.watch = watch
         self.on_fatal = on_fatal or (lambda: None)  # wakes replicas waiting for work
-        self.factory: Any = None  # set by `start`
+        self.factory: Any = None  # the run's, bound to this manager
         self.buffer: Any = None
         self.relays_made = 0
         self.error_signatures: list[str] = []  # every replica error, in the order seen
         self.fatal: str | None = None  # why the run must stop; the driver asks
 
+    # ---- what lasts ---------------------------------------------------------------------------------------
+    def change(self, op: str, **fields: Any) -> None:
+        record = {"op": op, **fields}
+        self.apply(record)
+        self.fleet.journal({"part": "supervisor", **record})
+
+    def apply(self, r: dict[str, Any]) -> None:
+        if r["op"] == "error":
+            self.error_signatures.append(r["signature"])
+        elif r["op"] == "fatal":
+            self.fatal = r["why"]
+        elif r["op"] == "relay_made":
+            self.relays_made = r["n"]
+        else:
+            raise ValueError(f"manager journal: unknown supervisor record {r['op']!r}")
+
+    def state(self) -> dict[str, Any]:
+        return {"errors": self.error_signatures, "fatal": self.fatal, "relays_made": self.relays_made}
+
+    def load(self, s: dict[str, Any]) -> None:
+        self.error_signatures, self.fatal, self.relays_made = list(s["errors"]), s["fatal"], s["relays_made"]
+
     # ---- start -------------------------------------------------------------------------------------------
-    async def start(self, factory: Any, master: Any, master_node: str, replicas: int) -> None:
+    async def start(self, master: Any, master_node: str, replicas: int) -> None:
         """Start `replicas` replicas, a relay on every machine they landed on, and the chain (master first)."""
-        fleet, t = self.fleet, self.watch.timeout_s
-        self.factory, self.buffer, fleet.master_node = factory, factory.buffer, master_node
+        fleet, t, factory = self.fleet, self.watch.timeout_s, self.factory
+        fleet.master_node = master_node
+        fleet.relay_names[master._actor_id] = (await _within("master relay", [master.ping.remote()], t, ""))[
+            0
+        ]["name"]
         handles = {rid: factory.replica(rid) for rid in range(replicas)}
         nodes = await _within(
             "rollout replicas placed",
@@ -120,8 +150,11 @@ class Supervisor:
         )
         fleet.relays = [master]
         for node in dict.fromkeys(nodes):  # one relay per machine that hosts rollouts, in first-seen order
-            fleet.relay_of_node[node] = factory.relay(node, f"relay-{len(fleet.relay_of_node)}")
-            fleet.relays.append(fleet.relay_of_node[node])
+            name = f"relay-{len(fleet.relay_of_node)}"
+            fleet.relay_of_node[node] = relay = factory.relay(node, name)
+            fleet.relay_names[relay._actor_id] = name
+            fleet.relays.append(relay)
+        fleet.chain_changed()
         # Layouts are engine objects: every relay imports the engine now, not during the first publish.
         await _within("relays ready", [factory.ready(r) for r in fleet.relays], t, "")
         await self.relink()
@@ -134,7 +167,8 @@ class Supervisor:
             "it finish",
             setting="rollout.start_timeout_s",
         )
-        fleet.handles, fleet.node_of_replica = handles, dict(zip(handles, nodes))
+        for (rid, handle), node in zip(handles.items(), nodes):
+            fleet.add_replica(rid, handle, node)
 
     # ---- watching ----------------------------------------------------------------------------------------
     async def watch_loop(self) -> None:
@@ -176,6 +210,91 @@ class Supervisor:
         take stays where it is (a `recovery_failed` record), and the run's audit counts it lost."""
         await self.check_once(replace=False)
 
+    # ---- the manager's restarted self ---------------------------------------------------------------------
+    def fleet_names(self) -> list[str]:
+        """The names of the replicas and relays the journal lists (a restarted manager looks them up)."""
+        return [self.factory.replica_name(rid) for rid in self.fleet.handles] + list(self.fleet.chain_names)
+
+    def reattach(self, found: dict[str, Any]) -> tuple[list[int], list[tuple[str | None, bool]]]:
+        """The replicas and relays the journal lists, by the handles `found` for their names (None: gone).
+        Returns the replicas gone and the relays gone (each its machine, and whether it was the master), which
+        `resume` deals with."""
+        fleet = self.fleet
+        for rid in list(fleet.handles):
+            fleet.handles[rid] = found.get(self.factory.replica_name(rid))
+        gone = [rid for rid, h in fleet.handles.items() if h is None]
+        relays = {name: found.get(name) for name in fleet.chain_names}
+        lost = []
+        for i, name in enumerate(fleet.chain_names):
+            node = next((n for n, m in fleet.node_names.items() if m == name), None)
+            if relays[name] is None:
+                lost.append((fleet.master_node if i == 0 and node is None else node, i == 0 and node is None))
+        fleet.relays = [r for r in relays.values() if r is not None]
+        fleet.relay_of_node = {n: relays[m] for n, m in fleet.node_names.items() if relays.get(m) is not None}
+        fleet.relay_names = {r._actor_id: name for name, r in relays.items() if r is not None}
+        return gone, lost
+
+    async def resume(self, gone: list[int], lost_relays: list[tuple[str | None, bool]]) -> None:
+        """After the manager's loss: what died meanwhile, and what a step cut short left, is dealt with as the
+        watch would have. Actors of the run that the fleet does not name (a replacement half made) go; the chain
+        is linked again; relays and replicas gone are replaced (their work recovered); a dead replica whose
+        recovery or replacement was cut short gets them; and trajectories the partial pool places on no replica
+        that holds them (a repack move cut short between export and import) are placed again."""
+        fleet = self.fleet
+        for rid in gone:  # died while the manager was away: out of the fleet, counted, replaced below
+            fleet.drop_replica(rid, replace=True)
+            fleet.event("failure", what="rollout", replica=rid)
+        keep = {self.factory.replica_name(rid) for rid in fleet.handles} | set(fleet.relay_names.values())
+        await asyncio.get_running_loop().run_in_executor(None, self.factory.sweep, keep)
+        if lost_relays:
+            fleet.chain_changed()
+        if fleet.relays:
+            await self._step(self.relink())
+        for node, was_master in lost_relays:
+            await self._step(self._relay_lost(node, was_master))
+        for dead in sorted(fleet.replacing):
+            await self._step(self.replace(dead))
+        in_pool = {e.replica for e in await self.partial_pool.entries.remote()}
+        for dead in sorted((set(fleet.owed) | in_pool) - set(fleet.handles)):
+            await self._step(self.recover(dead))
+        await self._step(self.adopt_orphans())
+
+    async def _step(self, step: Any) -> None:
+        """One step of `resume`: one that fails is logged as the watch logs its own, and the others go on."""
+        try:
+            await step
+        except Exception as e:  # noqa: BLE001 - the manager must come back whatever one step met
+            log.warning("resuming the manager: %r", e)
+            self.fleet.event("watch_error", error=repr(e), where=traceback.format_exc(limit=-3))
+
+    async def adopt_orphans(self) -> None:
+        """Place the trajectories no live replica holds or has finished, though the partial pool puts them on a
+        live one; one held by another replica than the pool says is recorded there."""
+        fleet = self.fleet
+        async with fleet.placing:
+            entries = await self.partial_pool.entries.remote()
+            rids = list(fleet.handles)
+            snaps = await asyncio.gather(*[self._snapshot_of(fleet.handles[rid]) for rid in rids])
+            answered = {rid for rid, s in zip(rids, snaps) if s and not s.get("error")}
+            held = {
+                tid: s["replica"]
+                for s in snaps
+                if s and not s.get("error")
+                for tid in [*s["inflight"], *s.get("finishing", ())]
+            }
+            ours = [e for e in entries if e.replica in answered]
+            for e in ours:
+                if e.traj_id in held and held[e.traj_id] != e.replica:
+                    await self.partial_pool.move.remote([e.traj_id], held[e.traj_id])
+            homeless = [e for e in ours if e.traj_id not in held]
+            if homeless:
+                stored = set(await self.buffer.seen.remote([e.traj_id for e in homeless]))
+                homeless = [e for e in homeless if e.traj_id not in stored]
+            if not homeless:
+                return
+            placed = await self.place(homeless, {e.group_id: e.group() for e in homeless})
+            fleet.event("recovery", orphans=len(homeless), **placed)
+
     async def _snapshot_of(self, handle: Any) -> dict[str, Any] | None:
         """A replica's snapshot; None if it does not answer in time ({} if it answered with an error)."""
         try:
@@ -201,13 +320,14 @@ class Supervisor:
         self.fleet.event(
             "replica_error", replica=rid, error=line, error_kind=kind, traceback=snapshot["error"]
         )
-        self.error_signatures.append(kind or line)
+        self.change("error", signature=kind or line)
         n = self.watch.max_failures_in_a_row
         if repeated_failure(self.error_signatures, n):
-            self.fatal = (
+            why = (
                 f"rollout replicas failed {n} times in a row with the same error, last replica {rid}: {line} "
                 "(tracebacks in metrics.jsonl, kind replica_error)"
             )
+            self.change("fatal", why=why)
             self.on_fatal()
 
     # ---- replicas ----------------------------------------------------------------------------------------
@@ -215,20 +335,37 @@ class Supervisor:
         """Recover its work on the live replicas first, then start a replacement that pulls from its relay
         (without `replace`: the run is ending, only the recovery)."""
         fleet = self.fleet
-        ray.kill(fleet.handles.pop(dead))  # a hung one too
+        handle = fleet.drop_replica(dead, replace)
+        if handle is not None:
+            ray.kill(handle)  # a hung one too
         fleet.event("failure", what="rollout", replica=dead)
         if not replace:
-            fleet.failures["rollouts"] += 1
+            fleet.count("rollouts")
             try:
                 await self.recover(dead)
             except RuntimeError as e:  # no live replica is left to take it
                 fleet.event("recovery_failed", replica=dead, error=str(e))
             return
-        await self.recover(dead)
+        await self.replace(dead)
+
+    async def replace(self, dead: int) -> None:
+        """Recover a dead replica's work on the live replicas, then start its replacement; with no live replica
+        left (every one lost at once), the replacement starts first and takes the work."""
+        try:
+            await self.recover(dead)
+        except NoLiveReplica:
+            await self._start_replacement(dead)
+            await self.recover(dead)
+            return
+        await self._start_replacement(dead)
+
+    async def _start_replacement(self, dead: int) -> None:
+        fleet = self.fleet
         last = None
         for _ in range(5):  # a machine going away may still be offered for a few seconds: try again
             new_id = max([*fleet.handles, dead, *fleet.node_of_replica]) + 1
-            fleet.node_of_replica[new_id] = ""  # reserved: a replacement made meanwhile takes the next id
+            # reserved: a replacement made meanwhile, or by a restarted manager, takes the next id
+            fleet.reserve(new_id)
             new = self.factory.replica(new_id)
             try:
                 node = await asyncio.wait_for(new.node_id.remote(), self.watch.timeout_s)
@@ -243,8 +380,8 @@ class Supervisor:
                 ray.kill(new)
                 raise
             fleet.event("replacement", replica=new_id, **{"for": dead})
-            fleet.handles[new_id] = new
-            fleet.failures["rollouts"] += 1  # counted once handled: recovered and replaced
+            fleet.add_replica(new_id, new, node, replacing=dead)
+            fleet.count("rollouts")  # counted once handled: recovered and replaced
             return
         raise RuntimeError(f"no replacement for replica {dead} could start: {last!r}")
 
@@ -254,10 +391,11 @@ class Supervisor:
         in the pool under their destination and stay there."""
         async with self.fleet.placing:
             entries = await self.partial_pool.on_replica.remote(dead)
-            groups = dict(self.fleet.owed.pop(dead, {}))
+            groups = dict(self.fleet.owed.get(dead, {}))
             for e in entries:
                 groups.setdefault(e.group_id, e.group())
             placed = await self.place(entries, groups)
+            self.fleet.forget(dead)  # only now: a manager lost meanwhile recovers it again
             self.fleet.event("recovery", replica=dead, in_flight=len(entries), **placed)
 
     async def place(
@@ -281,7 +419,7 @@ class Supervisor:
             snaps = await asyncio.gather(*[self._snapshot_of(h) for h in fleet.handles.values()])
             live = {s["replica"]: s["version"] for s in snaps if s and not s.get("error")}
             if not live:
-                raise RuntimeError(f"no live replica is left to take the work of groups {sorted(pending)}")
+                raise NoLiveReplica(f"no live replica is left to take the work of groups {sorted(pending)}")
             pending = set()
             for p in plan_recovery(work, live):
                 items = engine_items(p, self.sampling, self.run_seed, time.time())
@@ -312,10 +450,10 @@ class Supervisor:
                 break
         else:
             fleet.event("recovery_failed", groups=sorted(pending))
-        fleet.failures["recovered_trajectories"] += done["recovered"]
-        fleet.failures["restarted_trajectories"] += done["restarted"]
-        fleet.failures["restarted_groups"] += done["restarted_groups"]
-        fleet.failures["tool_reruns"] += done["tool_reruns"]
+        fleet.count("recovered_trajectories", done["recovered"])
+        fleet.count("restarted_trajectories", done["restarted"])
+        fleet.count("restarted_groups", done["restarted_groups"])
+        fleet.count("tool_reruns", done["tool_reruns"])
         return done
 
     async def _group_work(
@@ -340,9 +478,10 @@ class Supervisor:
     async def _new_relay(self, node: str, master: bool = False) -> Any:
         """A relay on `node`, linked into the chain: first if it is the master, else last."""
         fleet = self.fleet
-        self.relays_made += 1
-        name = f"relay-{'master' if master else node[:6]}-r{self.relays_made}"  # unique within the chain
+        self.change("relay_made", n=self.relays_made + 1)
+        name = f"relay-{'master' if master else node[:6]}-r{self.relays_made}"  # unique within the run
         relay = self.factory.relay(node, name)
+        fleet.relay_names[relay._actor_id] = name
         try:  # a machine that is going away (not yet known dead) never starts it: do not wait on it forever
             await asyncio.wait_for(self.factory.ready(relay), self.watch.dead_after_s * 2)
         except (TimeoutError, ray.exceptions.RayError) as e:
@@ -353,6 +492,7 @@ class Supervisor:
         else:
             fleet.relay_of_node[node] = relay
             fleet.relays.append(relay)
+        fleet.chain_changed()
         await self.relink()
         return relay
 
@@ -364,7 +504,6 @@ class Supervisor:
         ending) it is only dropped from the chain, logged and counted."""
         fleet = self.fleet
         ray.kill(dead)  # a hung one too
-        fleet.failures["relays"] += 1
         was_master = bool(fleet.relays) and fleet.relays[0]._actor_id == dead._actor_id
         fleet.relays = [r for r in fleet.relays if r._actor_id != dead._actor_id]
         node = fleet.master_node if was_master else None
@@ -372,6 +511,14 @@ class Supervisor:
             node = next((n for n, r in fleet.relay_of_node.items() if r._actor_id == dead._actor_id), None)
             if node is not None:
                 del fleet.relay_of_node[node]
+        fleet.chain_changed()
+        await self._relay_lost(node, was_master, replace)
+
+    async def _relay_lost(self, node: str | None, was_master: bool, replace: bool = True) -> None:
+        """A relay gone from the chain (already relinked out of `fleet`): counted, logged and, where its machine
+        is alive, replaced."""
+        fleet = self.fleet
+        fleet.count("relays")
         alive = node is not None and node in await asyncio.get_running_loop().run_in_executor(
             None, alive_nodes
         )
@@ -385,16 +532,16 @@ class Supervisor:
         try:
             relay = await self._new_relay(node, master=was_master)
         except MachineLost as e:  # the machine went with its relay; its replicas' replacements go elsewhere
-            event["error"] = str(e)
+            fleet.amend(event, error=str(e))
             return
-        event["replaced"] = True
+        fleet.amend(event, replaced=True)
         if was_master:  # picked up by the trainer after its next step (a lost machine restarts the trainer)
             return
         await asyncio.gather(
             *[
                 fleet.handles[rid].set_relay.remote(relay)
                 for rid, n in fleet.node_of_replica.items()
-                if n == node and rid in fleet.handles
+                if n == node and fleet.handles.get(rid) is not None
             ]
         )
 
@@ -406,9 +553,19 @@ class Supervisor:
         """The trainer came back on another machine: a new master relay there heads the chain (the old one,
         alive or not, is dropped). Returns the new chain."""
         fleet = self.fleet
-        if fleet.relays:
+        head = fleet.relays[0] if fleet.relays else None
+        node_relays = {r._actor_id for r in fleet.relay_of_node.values()}
+        if (
+            fleet.master_node == node
+            and head is not None
+            and head._actor_id not in node_relays
+            and await self._answers(head.ping.remote())
+        ):  # asked again (the driver's call retried after the manager's loss): it is there already
+            return list(fleet.relays)
+        if head is not None and head._actor_id not in node_relays:
             ray.kill(fleet.relays.pop(0))
         fleet.master_node = node
+        fleet.chain_changed()
         await self._new_relay(node, master=True)
         return list(fleet.relays)
 

@@ -14,11 +14,16 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from laminar.relay.relay import RelayActor, RelaySettings
 
 
-def relay_on_node(node_id: str, name: str, settings: RelaySettings, **relay_kwargs: Any) -> Any:
+def relay_on_node(
+    node_id: str, name: str, settings: RelaySettings, namespace: str | None = None, **relay_kwargs: Any
+) -> Any:
     """Start one relay actor pinned to a Ray node (hard affinity: it must share /dev/shm with its readers).
-    Its secret travels here, as an actor argument over Ray, never over the relay link."""
+    Its secret travels here, as an actor argument over Ray, never over the relay link. With `namespace` (a run's)
+    it is named `name` there and outlives the process that made it (the run's factory: the manager, which may be
+    restarted)."""
+    named = {"name": name, "namespace": namespace, "lifetime": "detached"} if namespace else {"name": None}
     return RelayActor.options(
-        name=None,
+        **named,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
     ).remote(name, **settings.kwargs(), **relay_kwargs)
 

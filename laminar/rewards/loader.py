@@ -8,12 +8,17 @@ Reward functions run in a few worker processes, never in the caller's. A reward 
 the GIL inside C (math-verify expanding `\\boxed{9^{9^{9}}}`, any big-integer power) would freeze every thread of
 the replica, its decode loop and heartbeat included, for as long as it runs; a thread cannot be stopped, a
 process can. A call that runs past `timeout_s` has its process killed, at once even mid-C-call, and replaced.
-The text is decoded here: a worker gets (text, row) and sends back (reward, error kind, message)."""
+The text is decoded here: a worker gets (text, row) and sends back (reward, error kind, message).
+
+Two signatures are accepted: Laminar's `fn(response, row)`, and verl's `compute_score(data_source,
+solution_str, ground_truth, extra_info)` (told apart by its parameter names: `VerlReward`). Either may return a
+number or, as verl allows, a dict whose "score" is the number."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
+import inspect
 import math
 import multiprocessing
 import numbers
@@ -22,7 +27,7 @@ import signal
 import threading
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -48,13 +53,57 @@ class RewardLoadError(ValueError):
     """The dotted path does not name a callable, or a callable cannot reach a worker process."""
 
 
+# verl's reward signature: `compute_score(data_source, solution_str, ground_truth, extra_info=None)`, called with
+# keywords; a function naming `solution_str` is one (verl's own scorers take a subset, e.g. gsm8k's)
+VERL_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+class VerlReward:
+    """A verl-style `compute_score` as a `(response, row)` reward: the row's `data_source`, `ground_truth` and
+    `extra_info` (`laminar.data.dataset.normalise_row` puts verl's `reward_model.ground_truth` there) passed as
+    the keywords it names. Module-level, and holding the function by reference, so it pickles to a worker."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        params = inspect.signature(fn).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        self.names = tuple(n for n in VERL_PARAMS if takes_any or n in params)
+
+    def __call__(self, response: str, row: dict[str, Any]) -> Any:
+        given = {
+            "data_source": row.get("data_source", ""),
+            "solution_str": response,
+            "ground_truth": row.get("ground_truth"),
+            "extra_info": row.get("extra_info") or {},
+        }
+        return self.fn(**{n: given[n] for n in self.names})
+
+    def __repr__(self) -> str:
+        return f"VerlReward({self.fn.__module__}:{self.fn.__qualname__})"
+
+
+def as_reward(fn: Callable[..., Any]) -> RewardFn:
+    """`fn` as a `(response, row)` reward: itself, or wrapped in `VerlReward` when its parameters are verl's."""
+    if isinstance(fn, VerlReward):
+        return fn
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: taken as (response, row)
+        return fn
+    return VerlReward(fn) if "solution_str" in params else fn
+
+
 def load_reward(path: str) -> RewardFn:
-    """`package.module:function`; the function takes (response_text, row) and returns a float."""
-    return load_function(path, "reward", DEFAULT_REWARD, RewardLoadError)
+    """`package.module:function`: a function of (response_text, row), or verl's `compute_score(data_source,
+    solution_str, ground_truth, extra_info)`; either returns a number (or a dict with a "score")."""
+    return as_reward(load_function(path, "reward", DEFAULT_REWARD, RewardLoadError))
 
 
 def check_reward(value: Any) -> tuple[float, str | None, str]:
-    """(reward, error kind or None, message): a finite real number passes as a float, anything else is 0.0."""
+    """(reward, error kind or None, message): a finite real number passes as a float, anything else is 0.0. A
+    dict with a "score" (verl's richer return) is its score."""
+    if isinstance(value, Mapping) and "score" in value:
+        value = value["score"]
     if isinstance(value, numbers.Real):  # int, float, bool, numpy scalars; not str, None or a tensor
         reward = float(value)
         if math.isfinite(reward):
@@ -71,7 +120,7 @@ def check_reward(value: Any) -> tuple[float, str | None, str]:
 @functools.cache
 def _reward_of(spec: str | bytes) -> RewardFn:
     """The reward a worker runs, loaded once per process: by dotted path, or a pickled module-level function."""
-    return load_reward(spec) if isinstance(spec, str) else pickle.loads(spec)
+    return load_reward(spec) if isinstance(spec, str) else as_reward(pickle.loads(spec))
 
 
 def _start_worker(spec: str | bytes) -> None:
@@ -140,7 +189,8 @@ class RewardScorer:
         if processes < 1:
             raise ValueError(f"reward processes={processes}: must be at least 1")
         self.fn = load_reward(fn) if isinstance(fn, str) else fn  # a bad path fails here, not in a worker
-        self.name = fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}"
+        named = hasattr(fn, "__qualname__")  # a function, or a callable object (`VerlReward`)
+        self.name = fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}" if named else repr(fn)
         self._spec = _spec_of(fn)
         self.decode = decode
         # a response with tool outputs (a loss mask) as one text, its turns and outputs in order

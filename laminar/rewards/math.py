@@ -205,8 +205,10 @@ def ground_truths(row: dict[str, Any]) -> list[str]:
     if truth is None and isinstance(row.get("reward_model"), dict):
         truth = row["reward_model"].get("ground_truth")
     if truth is None:
+        has = sorted(k for k, v in row.items() if v is not None)  # a normalised row holds ground_truth: None
         raise ValueError(
-            f"row has no ground truth: expected a 'ground_truth' or 'answer' field (has {sorted(row)})"
+            "row has no ground truth: expected 'reward_model.ground_truth' (verl), 'ground_truth' or 'answer' "
+            f"(its fields: {has})"
         )
     out = []
     for t in truth if isinstance(truth, list | tuple) else [truth]:

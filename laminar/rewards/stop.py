@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from laminar.data.records import Trajectory
-from laminar.rewards.loader import DEFAULT_REWARD, RewardLoadError, check_reward, load_reward
+from laminar.rewards.loader import RewardLoadError, check_reward, load_reward
 
 DRY_RUN_ROWS = 4
 DRY_RUN_TIMEOUT_S = 10.0  # at most (task.reward_timeout_s when shorter); a slower call is not judged
@@ -23,12 +23,42 @@ class RewardFailure(RuntimeError):
     """Every reward of the last `task.reward_fail_groups` groups failed."""
 
 
-def reward_path(task: str, reward: str) -> str:
-    """The reward a run scores with: `task.reward`, else the built-in task's own, else the demo's (rows from
-    files)."""
-    from laminar.tasks import TASKS
+# verl's default for its own datasets: the answer format chosen by each row's data_source
+MATH_REWARD = "laminar.rewards.math:default_score"
 
-    return reward or (TASKS[task].reward if task in TASKS else DEFAULT_REWARD)
+
+@dataclass(frozen=True)
+class RewardChoice:
+    """The reward a run scores with, and why (printed at the start, kept in `summary.json`)."""
+
+    path: str
+    why: str
+
+
+def choose_reward(cfg: Any) -> RewardChoice:
+    """`task.reward`, else for the user's own rows (`data.train_files`, `task.name=FILE.jsonl`) the math reward,
+    as verl scores rows by their `data_source` (a built-in task other than the demo, named beside the files,
+    keeps its own), else the built-in task's own. The one place a run's reward is picked."""
+    from laminar.tasks import DEMO, TASKS
+
+    t = cfg.task
+    if t.reward:
+        return RewardChoice(t.reward, "task.reward")
+    task = TASKS.get(t.name)  # None: task.name is a .jsonl file
+    files = "data.train_files" if cfg.data.train_files else "" if task is not None else f"task.name={t.name}"
+    if files and (task is None or task.name == DEMO):
+        return RewardChoice(
+            MATH_REWARD,
+            f"the rows are your own ({files}) and task.reward is empty: the math reward, the answer format "
+            "chosen by each row's data_source as verl's default_compute_score does; every row needs a ground "
+            "truth",
+        )
+    return RewardChoice(TASKS[t.name].reward, f"the built-in {t.name} task's own, as task.reward is empty")
+
+
+def reward_path(cfg: Any) -> str:
+    """The dotted path of `choose_reward(cfg)`."""
+    return choose_reward(cfg).path
 
 
 def dry_run(path: str, rows: list[dict[str, Any]], timeout_s: float = DRY_RUN_TIMEOUT_S) -> int:

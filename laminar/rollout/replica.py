@@ -10,6 +10,7 @@ ever touched by one thread.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import queue
 import threading
 import time
@@ -117,6 +118,9 @@ class RolloutReplica:
         self.timeout_s = timeout_s
         self.interrupt_on_update = interrupt_on_update  # the `partial` baseline; Laminar never does this
         self.inflight: dict[str, InFlight] = {}
+        # finished, being scored or stored: in no engine and not yet in the buffer (a restarted manager's check)
+        self.finishing: set[str] = set()
+        self.requests = 0  # calls for work so far: a call the manager's loss cut short is asked again as is
         self.tools = tools() if tools is not None else None
         if self.tools is not None:  # the benchmark's tool workload scripts its calls per row
             self.tools.script_of = self._tool_script
@@ -204,6 +208,8 @@ class RolloutReplica:
                 if state.version != self.engine.version:
                     refused.append(rid)
                     continue
+                if rid in self.inflight:  # here already (a move a lost manager had made): taken
+                    continue
                 tool, state.tool = state.tool, None
                 import_request(self.engine, self.tools, exported, tool)
                 self.inflight[rid] = state
@@ -233,6 +239,7 @@ class RolloutReplica:
             "tokens_generated": self.tokens_generated,
             "busy_s": round(self.busy_s, 4),
             "inflight": sorted(r for r, st in self.inflight.items() if not is_eval(st.group.group_id)),
+            "finishing": sorted(self.finishing),  # read after `inflight`: `_finish` adds here before it pops
             # evaluation requests finish where they started: repack never moves them
             "requests": [  # parked ones too: an export waits for their calls
                 (rid, self._blocks(rid))
@@ -243,6 +250,14 @@ class RolloutReplica:
             "decode_steps": stats.decode_steps,
             "queued_ahead": stats.queued_ahead,
             "dropped_rows": stats.dropped_rows,
+            # speculation: decode steps that verified drafts, requests in them with a draft, the draft tokens
+            # verified and accepted, the tokens those requests emitted, and the host's seconds drafting
+            "verify_steps": stats.verify_steps,
+            "draft_rows": stats.draft_rows,
+            "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens,
+            "verify_tokens": stats.verify_tokens,
+            "draft_s": round(stats.draft_s, 4),
             "tool_reruns": self.tools.reruns if self.tools is not None else 0,
             # calls made here and their total wait for a free tool worker (`task.tool_workers`)
             **(
@@ -271,11 +286,17 @@ class RolloutReplica:
                 self._apply_commands()
                 if not self.engine.has_unfinished():
                     self._pull()
+                    self.requests += 1
                     groups = ray.get(
-                        self.manager.next_work.remote(self.id, self.engine.version), timeout=self.timeout_s
+                        self.manager.next_work.remote(self.id, self.engine.version, self.requests),
+                        timeout=self.timeout_s,
                     )
                     self._add(groups)
                 self._decode()
+        except ray.exceptions.ActorDiedError:
+            # The manager or a pool is dead for good (Ray restarts them while the run lasts): the run is over,
+            # and this process, which outlives the manager that made it, ends.
+            os._exit(0)
         except Exception as e:  # the replica is dead: the manager sees the error and replaces it
             if self.error is None:
                 self.error_line, self.error_kind = describe_error(e)
@@ -323,8 +344,6 @@ class RolloutReplica:
         self.engine.reset_peak()
         now = time.time()
         for group in groups:
-            if not is_eval(group.group_id):  # evaluation work is not recovered: the evaluator counts it lost
-                self.partial_pool.start.remote(group, self.id, self.engine.version)
             for i in range(group.n):
                 rid = group.traj_id(i)
                 # a row may fix its own sampling (the length-controlled benchmark workload does)
@@ -332,6 +351,9 @@ class RolloutReplica:
                 params = SamplingParams(seed=sample_seed(self.run_seed, rid), **sampling)
                 self.engine.add_request(rid, group.prompt_ids, params)
                 self.inflight[rid] = InFlight(group, i, self.engine.version, now)
+            # after `inflight`: what the partial pool lists here, a snapshot lists too
+            if not is_eval(group.group_id):  # evaluation work is not recovered: the evaluator counts it lost
+                self.partial_pool.start.remote(group, self.id, self.engine.version)
 
     def _decode(self) -> None:
         """Step the engine until it drains; commands (repack, recovery) are applied between steps."""
@@ -392,17 +414,17 @@ class RolloutReplica:
         in: a recovery continues after the last turn the pool knows, with the result of its call if that came
         back. `rids`: these requests (their tool state changed), reported even with no new token. `wait`: return
         once the pool has them (a pool that does not answer in `POOL_ACK_S` is not waited for longer)."""
-        updates = {}
+        updates, at = {}, {}
         for rid in self.inflight if rids is None else rids:
             state = self.inflight.get(rid)
             if state is None or is_eval(state.group.group_id):
                 continue
             update = progress_update(self.engine, self.tools, rid, state.reported)
             if update[0] or rids is not None:
-                updates[rid] = update
+                updates[rid], at[rid] = update, state.reported
                 state.reported += len(update[0])
-        if updates:
-            ref = self.partial_pool.progress.remote(updates)
+        if updates:  # with each one's offset: a call sent again after the pool's loss adds its tokens once
+            ref = self.partial_pool.progress.remote(updates, at)
             if wait:
                 try:
                     ray.get(ref, timeout=POOL_ACK_S)
@@ -410,6 +432,7 @@ class RolloutReplica:
                     pass  # the calls start regardless; a re-run after a death in this window goes uncounted
 
     def _finish(self, fin: Any) -> None:
+        self.finishing.add(fin.request_id)
         state = self.inflight.pop(fin.request_id)
         if self.tools is not None:
             self.tools.forget(fin.request_id)
@@ -472,6 +495,7 @@ class RolloutReplica:
         if train:
             ray.get(self.buffer.add_many.remote(train), timeout=self.timeout_s)
             self.partial_pool.finish_many.remote([t.traj_id for t in train])
+        self.finishing.difference_update(t.traj_id for t in trajs)
 
     def _beat(self, force: bool = False) -> Any:
         now = time.time()

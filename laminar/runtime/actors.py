@@ -1,173 +1,20 @@
-"""Thin Ray actor wrappers around the plain components, so every process boundary is a Ray actor and every part
-stays testable without Ray. Each wrapper adds only what crossing a process boundary needs: waiting with a
-timeout, and telling the other parts what happened."""
+"""Thin Ray actor wrappers around the trainer and the rollout replica, so every process boundary is a Ray actor
+and every part stays testable without Ray. (The control plane's data actors, which also survive their own loss,
+are `laminar.runtime.control`'s.)"""
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from functools import partial
 from typing import Any
 
 import ray
 
-from laminar.data.experience_buffer import ExperienceBuffer
-from laminar.data.partial_pool import PartialPool
-from laminar.data.prompt_pool import PromptPool
 from laminar.data.records import Trajectory
 from laminar.data.staleness import staleness
 
 log = logging.getLogger(__name__)
-
-
-def _exactly(wanted: set[int], ready: list, count: int, version: int) -> list[int]:
-    return [i for i, g in enumerate(ready) if g[0].group_id in wanted]
-
-
-@ray.remote(num_cpus=0, max_concurrency=16)
-class BufferActor:
-    """The experience buffer; `take` blocks (with a timeout) until enough complete groups are ready."""
-
-    def __init__(
-        self,
-        group_size: int,
-        capacity: int,
-        max_staleness: int | None,
-        prompt_pool: Any,
-        manager: Any,
-        sampler: str = "fifo",
-    ) -> None:
-        self.buffer = ExperienceBuffer(
-            group_size, capacity=capacity, max_staleness=max_staleness, sampler=sampler
-        )
-        self.prompt_pool, self.manager = prompt_pool, manager
-        self.cond = threading.Condition()
-        # Groups handed to the driver and not yet trained: a driver interrupted between `take` and the end of
-        # its step (Ctrl-C) must not lose them, so they stay here until `trained` and go back on `return_lent`.
-        self.lent: dict[int, list[Trajectory]] = {}
-        self.lending = True
-        self.evaluated: dict[
-            int, list[Trajectory]
-        ] = {}  # evaluation groups' samples, by group (never trained)
-
-    def add_eval_many(self, trajs: list[Trajectory]) -> None:
-        """Samples of evaluation groups: kept aside for the driver's evaluator, never in the buffer."""
-        for traj in trajs:
-            self.evaluated.setdefault(traj.group_id, []).append(traj)
-
-    def take_eval(self, group_ids: list[int]) -> dict[int, list[Trajectory]]:
-        """The evaluation samples that have arrived for `group_ids` (each group once it is whole or partly)."""
-        return {g: self.evaluated.pop(g) for g in group_ids if g in self.evaluated}
-
-    def add_many(self, trajs: list[Trajectory]) -> list[bool]:
-        """Several trajectories in one call (a replica sends all it has scored at once); per trajectory, False
-        if it was ignored (`ExperienceBuffer.add`)."""
-        added, complete = [], []
-        with self.cond:
-            for traj in trajs:
-                added.append(self.buffer.add(traj))
-                if added[-1] and traj.group_id not in self.buffer.pending:
-                    complete.append(traj)
-            self.cond.notify_all()
-        for traj in complete:  # the group is whole: nobody needs to re-issue it any more
-            self.prompt_pool.done.remote(traj.group_id)
-            self.manager.group_done.remote(traj.replica, traj.group_id)
-        return added
-
-    def take(
-        self,
-        count: int,
-        version: int,
-        timeout_s: float,
-        group_ids: list[int] | None = None,
-    ) -> list[list[Trajectory]]:
-        """`count` complete groups: the buffer's sampler (`buffer.sampler`), or exactly `group_ids` (in dispatch
-        order)."""
-        deadline = time.monotonic() + timeout_s
-        sampler = self.buffer.sampler
-        if group_ids is not None:
-            sampler = partial(_exactly, set(group_ids))
-        with self.cond:
-            while (groups := self._sample(sampler, count, version)) is None:
-                if not self.lending:
-                    return []
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(
-                        f"experience buffer: {count} complete groups did not arrive within {timeout_s:.0f}s "
-                        f"(ready {self.buffer.num_ready()}, pending {len(self.buffer.pending)}); are the rollouts "
-                        "alive? see their errors in metrics.jsonl"
-                    )
-                self.cond.wait(left)
-            if not self.lending:  # stopped while we waited: they stay in the buffer
-                self.buffer.ready[:0] = groups
-                return []
-            for g in groups:
-                self.lent[g[0].group_id] = g
-            return groups
-
-    def trained(self, group_ids: list[int]) -> None:
-        """The driver trained on these: they are no longer the buffer's to give back."""
-        with self.cond:
-            for gid in group_ids:
-                self.lent.pop(gid, None)
-
-    def return_lent(self) -> int:
-        """Stop lending and put every group handed out but not trained back at the front, in order."""
-        with self.cond:
-            self.lending = False
-            back = list(self.lent.values())
-            self.buffer.ready[:0] = back
-            self.lent.clear()
-            self.cond.notify_all()
-            return len(back)
-
-    def _sample(self, sampler, count: int, version: int) -> list[list[Trajectory]] | None:
-        ready = sampler(self.buffer.ready, count, version)
-        if len(ready) < count:
-            return None
-        default, self.buffer.sampler = self.buffer.sampler, sampler
-        try:
-            return self.buffer.sample(count, version)
-        finally:
-            self.buffer.sampler = default
-
-    def group_state(self, group_id: int, traj_ids: list[str]) -> tuple[list[str], set[int]]:
-        """Which of a group's ids the buffer has (or had), and the versions it holds them at (recovery)."""
-        with self.cond:
-            return self.buffer.group_state(group_id, traj_ids)
-
-    def restart_group(self, group_id: int, traj_ids: list[str], version: int) -> bool:
-        with self.cond:
-            return self.buffer.restart_group(group_id, traj_ids, version)
-
-    def num_ready(self) -> int:
-        return self.buffer.num_ready()
-
-    def stats(self) -> dict[str, Any]:
-        with self.cond:
-            return self.buffer.stats()
-
-    def held_ids(self) -> tuple[set[str], dict[str, str]]:
-        """The ids held now, and those dropped with the reason (the audit's end record)."""
-        with self.cond:
-            return self.buffer.held_ids(), dict(self.buffer.dropped)
-
-    def state_dict(self) -> dict[str, Any]:
-        with self.cond:
-            return self.buffer.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A resume: the restored buffer, with no group held to a version of the stopped run (`resumed`)."""
-        with self.cond:
-            self.buffer.load_state_dict(state)
-            self.buffer.resumed()
-
-
-PromptPoolActor = ray.remote(num_cpus=0)(PromptPool)
-PartialPoolActor = ray.remote(num_cpus=0)(PartialPool)
 
 
 @ray.remote(max_concurrency=4)

@@ -191,6 +191,11 @@ def check_runtime_state(path: Path) -> None:
         )
 
 
+def checkpoint_version(path: Path) -> int:
+    """The trainer's version a checkpoint holds (`check_checkpoint` has checked it)."""
+    return read_json(path / "trainer_state.json", "trainer step, optimizer groups and RNG")["version"]
+
+
 def restore_checkpoint(rt: Any, path: Path) -> None:
     """The trainer, the prompt pool and the buffer of `rt` back at the checkpoint's version."""
     t = rt.cfg.run.timeout_s

@@ -1,8 +1,9 @@
 """Evaluation on the held-out set while training goes on: every `eval.every` trainer steps the driver hands the
 held-out prompts to the rollout replicas (through the manager, ahead of training work, to every replica with the
 new weights), collects their scored samples from the buffer actor as they arrive, and logs one `eval` record per
-evaluated version: accuracy (mean of samples at or above `eval.correct_at`), pass@n, mean reward and mean
-response length, with the wall time the weights were published and the time the evaluation finished.
+evaluated version: accuracy (mean of samples at or above `eval.correct_at`), per level where the rows have one
+(`extra_info.level`: the built-in `arith` and `chain` tasks), pass@n, mean reward and mean response length, with
+the wall time the weights were published and the time the evaluation finished. Each is also one console line.
 
 Evaluation groups have negative ids (`records.is_eval`): they are never trained on, never recovered after a
 replica dies (an incomplete evaluation is reported as such at the end) and never counted by the trajectory
@@ -26,6 +27,13 @@ class Round:
     t_version: float  # wall time (seconds since the run's start) at which these weights were published
     group_ids: list[int]
     samples: dict[int, list[Any]] = field(default_factory=dict)
+    levels: dict[int, Any] = field(default_factory=dict)  # group id -> its row's level, where it has one
+
+
+def level_of(row: dict[str, Any]) -> Any:
+    """A row's difficulty level (`extra_info.level`, as the built-in tasks write it), or None."""
+    extra = row.get("extra_info")
+    return extra.get("level") if isinstance(extra, dict) else None
 
 
 class Evaluator:
@@ -65,13 +73,15 @@ class Evaluator:
 
     def submit(self, version: int) -> None:
         """Evaluate the weights of `version` (or newer, if a replica has moved on before it starts)."""
-        groups = []
+        groups, levels = [], {}
         for row, ids in self.prompts:
             meta = {**row, "sampling": self.sampling}
             groups.append(PromptGroup(self.next_id, ids, n=self.cfg.n, meta=meta))
+            if level_of(row) is not None:
+                levels[self.next_id] = level_of(row)
             self.next_id -= 1
         t = time.time() - self.recorder.t0
-        self.pending.append(Round(version, t, [g.group_id for g in groups]))
+        self.pending.append(Round(version, t, [g.group_id for g in groups], levels=levels))
         ray.get(self.manager.submit_eval.remote(groups, version), timeout=self.timeout_s)
 
     def poll(self) -> None:
@@ -79,7 +89,9 @@ class Evaluator:
         if not self.pending:
             return
         wanted = [g for r in self.pending for g in r.group_ids]
-        arrived = ray.get(self.buffer.take_eval.remote(wanted), timeout=self.timeout_s)
+        have = {g: len(r.samples[g]) for r in self.pending for g in r.group_ids if g in r.samples}
+        # what has arrived past what we hold: asked again (the buffer lost meanwhile), the same answer
+        arrived = ray.get(self.buffer.take_eval.remote(wanted, have), timeout=self.timeout_s)
         for r in self.pending:
             for g in r.group_ids:
                 r.samples.setdefault(g, []).extend(arrived.get(g, []))
@@ -122,6 +134,14 @@ class Evaluator:
             "response_len_mean": sum(len(t.response_ids) for t in samples) / len(samples),
             "truncated_frac": sum(t.finish_reason == "length" for t in samples) / len(samples),
         }
+        if r.levels:
+            by_level: dict[str, list[bool]] = {}
+            for g in r.group_ids:
+                if g in r.levels:
+                    by_level.setdefault(str(r.levels[g]), []).extend(
+                        t.reward >= correct_at for t in r.samples[g]
+                    )
+            record["accuracy_by_level"] = {lv: sum(h) / len(h) for lv, h in sorted(by_level.items()) if h}
         self.results.append(record)
         self.recorder.log("eval", **record)
 
@@ -132,10 +152,10 @@ def eval_summary(records: list[dict[str, Any]], targets: list[float]) -> dict[st
     evals = sorted((r for r in records if r.get("kind") == "eval"), key=lambda r: r["version"])
     if not evals:
         return None
-    keep = ("version", "accuracy", "t_version", "response_len_mean")
+    keep = ("version", "accuracy", "accuracy_by_level", "t_version", "response_len_mean")
 
     def pick(r: dict[str, Any]) -> dict[str, Any]:
-        return {k: r[k] for k in keep}
+        return {k: r[k] for k in keep if k in r}
 
     reached = {}
     for target in targets:

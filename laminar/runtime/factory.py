@@ -1,15 +1,25 @@
 """How the run makes its rollout replicas and relays: one recipe from the config, used at start and for every
 replacement, so a replacement is exactly like the part it replaces (same engine, reward, sampling, relay
-secret, slots and chunk size)."""
+secret, slots and chunk size).
+
+Every replica and relay is named in the run's Ray namespace and outlives the process that made it (a detached
+actor): the manager that makes them may be lost and restarted, and finds them again by name (`find`). The driver
+ends them all with the run (`sweep`), and a resumed run first ends what its stopped segment left there."""
 
 from __future__ import annotations
 
+import copy
+import hashlib
+from pathlib import Path
 from typing import Any
+
+import ray
 
 from laminar.config import Config
 from laminar.manager.manager import sampling_of
 from laminar.relay.chain import relay_on_node
 from laminar.relay.relay import RelaySettings
+from laminar.rewards.stop import reward_path
 from laminar.runtime.actors import ReplicaActor
 
 
@@ -20,6 +30,29 @@ def use_cuda(cfg: Config) -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+BUFFER = "buffer"  # the experience buffer's name in the run's namespace (the manager looks it up)
+
+
+def run_namespace(run_dir: Path) -> str:
+    """The Ray namespace of a run folder's actors: the same for every segment of the run."""
+    return "laminar-" + hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+
+
+def sweep(namespace: str, keep: set[str] = frozenset()) -> list[str]:
+    """End every replica and relay named in `namespace` but not in `keep`; returns their names."""
+    gone = []
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        name = actor["name"]
+        if actor["namespace"] != namespace or name in keep or not name.startswith(("replica-", "relay-")):
+            continue
+        try:
+            ray.kill(ray.get_actor(name, namespace=namespace))
+        except ValueError:  # ended meanwhile
+            continue
+        gone.append(name)
+    return gone
 
 
 def import_engine(_actor: Any) -> None:
@@ -44,6 +77,7 @@ class EngineRecipe:
         import torch
 
         from laminar.engine import Engine
+        from laminar.engine.config import Speculation
 
         r, cuda = self.cfg.rollout, self.cuda
         dtype = torch.bfloat16 if cuda or self.cfg.model.dtype == "bfloat16" else torch.float32
@@ -58,29 +92,32 @@ class EngineRecipe:
             use_cuda_graphs=cuda,
             version=self.version,
             pipeline=None if r.pipeline == "auto" else r.pipeline == "on",
+            speculation=Speculation(
+                r.speculation, r.speculation_max_draft, r.speculation_max_batch, r.speculation_min_acceptance
+            ),
         )
 
 
 class ScorerRecipe:
+    """The replica's scorer, for the reward the driver chose (`laminar.rewards.stop.choose_reward`)."""
+
     def __init__(
         self,
         model_path: str,
         reward: str,
-        task: str,
         timeout_s: float | None = None,
         stop_token_ids: tuple[int, ...] = (),
     ) -> None:
-        self.model_path, self.reward, self.task, self.timeout_s = model_path, reward, task, timeout_s
+        self.model_path, self.reward, self.timeout_s = model_path, reward, timeout_s
         self.stop_token_ids = stop_token_ids
 
     def __call__(self) -> Any:
         from laminar.data.codec import TaskCodec
         from laminar.rewards.loader import RewardScorer
-        from laminar.rewards.stop import reward_path
 
         codec = TaskCodec.from_dir(self.model_path, stop_token_ids=self.stop_token_ids)
         return RewardScorer(
-            reward_path(self.task, self.reward),
+            self.reward,
             codec.decode,
             timeout_s=self.timeout_s,
             decode_turns=codec.response_text,
@@ -115,9 +152,9 @@ class ToolRecipe:
 
 
 class Factory:
-    """Built by the driver once the run's parts exist, handed to the manager, which makes every replica and
-    relay with it. `engine_path` and `version` are where the replicas' first weights come from (a resumed run:
-    its checkpoint)."""
+    """Built by the driver and handed to the manager, which makes every replica and relay with it (bound to
+    itself and the buffer: `for_manager`). `engine_path` and `version` are where the replicas' first weights
+    come from (a resumed run: its checkpoint); `namespace` is the run's."""
 
     def __init__(
         self,
@@ -125,24 +162,52 @@ class Factory:
         model_path: str,
         relay_settings: RelaySettings,
         *,
-        manager: Any,
         partial_pool: Any,
-        buffer: Any,
         interrupt_on_update: bool,
+        namespace: str,
+        manager: Any = None,
+        buffer: Any = None,
         engine_path: str = "",
         version: int = 0,
         end_ids: tuple[int, ...] = (),
     ) -> None:
         self.cfg, self.model_path, self.relay_settings = cfg, model_path, relay_settings
+        self.namespace = namespace
         self.manager, self.partial_pool, self.buffer = manager, partial_pool, buffer
         self.interrupt_on_update = interrupt_on_update
         self.engine_path, self.version = engine_path or model_path, version
         self.end_ids = end_ids  # every token that ends a response: the model's, the tokenizer's, the run's
         self.cuda = use_cuda(cfg)  # decided here, on the driver
+        self.reward = reward_path(cfg)  # and so is the reward
+
+    def for_manager(self, manager: Any) -> Factory:
+        """This factory for the manager `manager`: its replicas talk to it, the partial pool and the buffer."""
+        bound = copy.copy(self)
+        bound.manager, bound.buffer = manager, self.find(BUFFER)
+        return bound
+
+    @staticmethod
+    def replica_name(rid: int) -> str:
+        return f"replica-{rid}"
+
+    def find(self, name: str) -> Any:
+        """An actor of the run by name, or None if there is none (it died, or was never made)."""
+        try:
+            return ray.get_actor(name, namespace=self.namespace)
+        except ValueError:
+            return None
+
+    def sweep(self, keep: set[str]) -> list[str]:
+        """End the run's replicas and relays that are not in `keep` (made by a manager lost before it recorded
+        them)."""
+        return sweep(self.namespace, keep)
 
     def replica(self, rid: int) -> Any:
         cfg, r = self.cfg, self.cfg.rollout
         options = {
+            "name": self.replica_name(rid),
+            "namespace": self.namespace,
+            "lifetime": "detached",  # outlives the manager that made it (it may be restarted)
             "num_cpus": r.num_cpus,
             "num_gpus": r.num_gpus if self.cuda else 0,
             **({"scheduling_strategy": "SPREAD"} if r.placement == "spread" else {}),
@@ -151,9 +216,7 @@ class Factory:
         return ReplicaActor.options(**options).remote(
             rid,
             EngineRecipe(self.engine_path, cfg, self.cuda, self.version, self.end_ids),
-            ScorerRecipe(
-                self.model_path, t.reward, t.name, t.reward_timeout_s, tuple(cfg.rollout.stop_token_ids)
-            ),
+            ScorerRecipe(self.model_path, self.reward, t.reward_timeout_s, tuple(cfg.rollout.stop_token_ids)),
             manager=self.manager,
             partial_pool=self.partial_pool,
             buffer=self.buffer,
@@ -168,7 +231,7 @@ class Factory:
 
     def relay(self, node: str, name: str) -> Any:
         """A relay pinned to `node` with the run's secret, slots and chunk size; `ready` says when it runs."""
-        return relay_on_node(node, name, self.relay_settings)
+        return relay_on_node(node, name, self.relay_settings, namespace=self.namespace)
 
     @staticmethod
     def ready(relay: Any) -> Any:

@@ -6,6 +6,8 @@ relay on every node that hosts rollouts, chained master first; each replica pull
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +21,10 @@ from laminar.data.records import Trajectory
 from laminar.manager.manager import RolloutFailure, RolloutManager
 from laminar.relay.relay import RelaySettings
 from laminar.rewards.stop import FailingRewards
-from laminar.runtime.actors import BufferActor, PartialPoolActor, PromptPoolActor
-from laminar.runtime.checkpoint import restore_checkpoint, write_checkpoint
+from laminar.runtime.checkpoint import checkpoint_version, restore_checkpoint, write_checkpoint
+from laminar.runtime.control import RESTARTS, BufferActor, PartialPoolActor, PromptPoolActor
 from laminar.runtime.evaluation import Evaluator
-from laminar.runtime.factory import Factory, use_cuda
+from laminar.runtime.factory import BUFFER, Factory, run_namespace, sweep, use_cuda
 from laminar.runtime.trainer_group import TrainerGroup, trainer_config
 from laminar.schedules.schedule import Schedule
 from laminar.telemetry.recorder import Recorder, write_trajectories
@@ -52,8 +54,12 @@ def eval_rows(cfg: Config) -> list[dict[str, Any]]:
     return val_rows(cfg) if cfg.data.val_files else held_out_rows(cfg)
 
 
-def _alive(_actor: Any) -> bool:
-    return True
+JOURNAL = "journal"  # the control actors' journals, in the run folder (`laminar.journal`)
+CONTROL = ("prompt_pool", "partial_pool", "buffer", "manager")  # restarted by Ray when lost
+
+
+def _pid(_actor: Any) -> int:
+    return os.getpid()
 
 
 def _node_of(_actor: Any) -> str:
@@ -86,6 +92,13 @@ class Runtime:
     evaluator: Evaluator | None = None
     end_ids: tuple[int, ...] = ()  # every token that ends a response: the model's, the tokenizer's, the run's
     failing_rewards: FailingRewards = field(default_factory=lambda: FailingRewards(0))  # the stop rule
+    namespace: str = ""  # the run's Ray namespace: its replicas and relays, by name
+    takes: int = 0  # requests to the buffer so far: a take retried after the buffer's loss is the same take
+    consumed: int = 0  # groups the trainer consumed in this segment (the manager's dispatch bound)
+    events_logged: int = 0  # the manager's events in the run log so far
+    control_pids: dict[str, int] = field(default_factory=dict)  # each control actor's process, last seen
+    pinned: list[Any] = field(default_factory=list)  # large constructor arguments of restartable actors
+    codec: Any = None  # the model's tokenizer: the text of the responses `trajectories.jsonl` keeps
 
     # ---- start ---------------------------------------------------------------------------------------------
     @classmethod
@@ -107,27 +120,51 @@ class Runtime:
         rt, cfg, model_path, recorder = self, self.cfg, self.model_path, self.recorder
         t, r, cuda = cfg.trainer, cfg.rollout, use_cuda(cfg)
         codec = TaskCodec.from_config(model_path, cfg)
-        rt.end_ids = codec.end_ids
+        rt.end_ids, rt.codec = codec.end_ids, codec
         rt.failing_rewards = FailingRewards(cfg.task.reward_fail_groups)
-        # The control plane lives on the driver's machine: losing any other machine never takes it down.
+        # The control plane lives on the driver's machine: losing any other machine never takes it down. Its
+        # actors journal into the run folder, and Ray restarts one that is lost; the replicas and relays live in
+        # the run's namespace, where a stopped segment's leftovers are ended first.
         recorder.log("phase", what="placing the prompt pool, experience buffer and manager")
         here = on_driver_node()
+        rt.namespace = run_namespace(recorder.out_dir)
+        sweep(rt.namespace)
+        journal = recorder.out_dir / JOURNAL
+        shutil.rmtree(journal, ignore_errors=True)  # a segment's journals start with it
+        # held by the driver for the run: Ray restarts the pool with the same arguments
+        rt.pinned = [ray.put(dataset_rows(cfg))]
         rt.prompt_pool = PromptPoolActor.options(**here).remote(
-            dataset_rows(cfg), codec.encode_prompt, t.group_size, seed=cfg.run.seed
+            rt.pinned[0], codec.encode_prompt, t.group_size, cfg.run.seed, str(journal)
         )
-        rt.partial_pool = PartialPoolActor.options(**here).remote()
+        rt.partial_pool = PartialPoolActor.options(**here).remote(str(journal))
+        # One secret per run, handed to every relay through Ray: only this run's relays may feed the tier.
+        rt.relay_settings = RelaySettings.for_run(
+            cfg.relay.slots, int(cfg.relay.chunk_mb * (1 << 20)), tls=cfg.relay.tls
+        )
+        factory = Factory(
+            cfg,
+            model_path,
+            rt.relay_settings,
+            partial_pool=rt.partial_pool,
+            interrupt_on_update=schedule.interrupt,
+            namespace=rt.namespace,
+            end_ids=codec.end_ids,
+            # a resumed run's replicas start from the checkpoint's weights, at its version
+            **({"engine_path": str(resume), "version": checkpoint_version(resume)} if resume else {}),
+        )
         rt.manager = (
-            ray.remote(num_cpus=0)(RolloutManager)
+            ray.remote(num_cpus=0, **RESTARTS)(RolloutManager)
             .options(**here)
-            .remote(cfg, schedule, rt.prompt_pool, rt.partial_pool, recorder.t0)
+            .remote(cfg, schedule, rt.prompt_pool, rt.partial_pool, recorder.t0, factory, str(journal))
         )
-        rt.buffer = BufferActor.options(**here).remote(
+        rt.buffer = BufferActor.options(**here, name=BUFFER, namespace=rt.namespace).remote(
             t.group_size,
             4 * cfg.buffer.capacity_groups * t.group_size,  # a hard bound well above the dispatch bound
             None if cfg.buffer.max_staleness < 0 else cfg.buffer.max_staleness,
             rt.prompt_pool,
             rt.manager,
             cfg.buffer.sampler,
+            str(journal),
         )
         plain = trainer_config(cfg, model_path, cuda)
         # The trainer (and so the master relay and the checkpoint writes) prefers the driver's machine too.
@@ -142,20 +179,6 @@ class Runtime:
         # The policy loads in the background while the relays and the rollouts start (`wait_loaded` below).
         rt.trainer = rt._start_trainer(wait=False)
         trainer_node = rt.trainer.call_rank0("node_id", timeout=cfg.run.timeout_s)
-        # One secret per run, handed to every relay through Ray: only this run's relays may feed the tier.
-        rt.relay_settings = RelaySettings.for_run(
-            cfg.relay.slots, int(cfg.relay.chunk_mb * (1 << 20)), tls=cfg.relay.tls
-        )
-        factory = Factory(
-            cfg,
-            model_path,
-            rt.relay_settings,
-            manager=rt.manager,
-            partial_pool=rt.partial_pool,
-            buffer=rt.buffer,
-            interrupt_on_update=schedule.interrupt,
-            end_ids=codec.end_ids,
-        )
         master = factory.relay(trainer_node, "relay-master")
         rt.trainer.call("attach_master", master, timeout=cfg.run.timeout_s)
         rt.relays = [master]
@@ -163,8 +186,11 @@ class Runtime:
             recorder.log("phase", what=f"restoring the checkpoint {resume}")
             rt.trainer.wait_loaded(LOAD_TIMEOUT_FACTOR * cfg.run.timeout_s)
             rt.restore(resume)
-            # the replicas start from the checkpoint's weights, at its version
-            factory.engine_path, factory.version = str(resume), rt.version
+            if rt.version != factory.version:
+                raise RuntimeError(
+                    f"{resume}: the trainer restored version {rt.version}, its trainer_state.json says "
+                    f"{factory.version}"
+                )
         recorder.log(  # where this segment of the run starts, for `laminar audit`
             "segment",
             resumed_at=rt.version if resume is not None else None,
@@ -179,11 +205,13 @@ class Runtime:
             "warms up its engine" + (", capturing CUDA graphs)" if cuda else ")"),
         )
         # placement, the relays and the chain each within run.timeout_s, the replicas' start within its own
+        # (not sent again if the manager is lost meanwhile: a start cut short fails the run's start)
         rt.relays = ray.get(
-            rt.manager.start.remote(factory, master, trainer_node, r.replicas),
+            rt.manager.start.options(max_task_retries=0).remote(master, trainer_node, r.replicas),
             timeout=3 * cfg.run.timeout_s + r.start_timeout_s,
         )
         rt.replicas = ray.get(rt.manager.live_replicas.remote(), timeout=cfg.run.timeout_s)
+        rt.check_control()  # each control actor's process, to tell a restart later
         recorder.log("phase", what="waiting for the trainer's policy")
         rt.trainer.wait_loaded(LOAD_TIMEOUT_FACTOR * cfg.run.timeout_s)
         if cfg.eval.every > 0:
@@ -225,7 +253,8 @@ class Runtime:
             if dropped:  # consumed now, so the dispatch bound makes room for the groups that replace them
                 self.filtered += dropped
                 self.consumed_early += len(dropped)
-                self.manager.trainer_update.remote(self.version, len(dropped))
+                self.consumed += len(dropped)
+                self.manager.trainer_update.remote(self.version, self.consumed)
             if len(kept) >= count or group_ids is not None or taken >= limit:
                 break
             groups = self._take(min(count - len(kept), limit - taken))
@@ -244,7 +273,8 @@ class Runtime:
 
     def _take(self, count: int, group_ids: range | None = None) -> list[list[Trajectory]]:
         ids = None if group_ids is None else list(group_ids)
-        ref = self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids)
+        self.takes += 1
+        ref = self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids, self.takes)
         while not ray.wait([ref], timeout=1.0)[0]:  # meanwhile, once a second: are the rollouts still alive?
             self.check_rollouts()
             self.follow_master()
@@ -273,20 +303,29 @@ class Runtime:
 
     def check_rollouts(self) -> None:
         """Bring the manager's records into the run log (the console shows errors as they come) and raise
-        `RolloutFailure` if replicas keep failing the same way, or if a control actor has died (the rollouts
-        would wait for work that never comes until the buffer's timeout)."""
+        `RolloutFailure` if replicas keep failing the same way, or if a control actor is dead for good (Ray
+        could not restart it: the rollouts would wait for work that never comes until the buffer's timeout)."""
+        self.check_control()
         self.collect()
         fatal = ray.get(self.manager.fatal_error.remote(), timeout=self.cfg.run.timeout_s)
         if fatal is not None:
             raise RolloutFailure(fatal)
-        for name in ("prompt_pool", "partial_pool"):
+
+    def check_control(self) -> None:
+        """Ask each control actor for its process: one that Ray restarted since the last look (it was lost, and
+        its restarted self replayed its journal) is a `failure` record; one that cannot answer is the end."""
+        for name in CONTROL:
             try:
-                ray.get(getattr(self, name).__ray_call__.remote(_alive), timeout=self.cfg.run.timeout_s)
+                pid = ray.get(getattr(self, name).__ray_call__.remote(_pid), timeout=self.cfg.run.timeout_s)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
                 raise RolloutFailure(
-                    f"the {name.replace('_', ' ')} died ({type(e).__name__}); the last checkpoint is consistent: "
-                    "continue with laminar train --resume RUN_DIR"
+                    f"the {name.replace('_', ' ')} died and could not be restarted ({type(e).__name__}; its "
+                    f"journal is in RUN_DIR/{JOURNAL}); the last checkpoint is consistent: continue with "
+                    "laminar train --resume RUN_DIR"
                 ) from e
+            if self.control_pids.setdefault(name, pid) != pid:
+                self.control_pids[name] = pid
+                self.recorder.log("failure", what=name, replaced=True, version=self.version)
 
     def train(self, groups: list[list[Trajectory]], push: bool = False) -> dict[str, Any]:
         """One trainer step plus its publish; logs the step and tells the manager. `push` makes the publish a
@@ -317,9 +356,10 @@ class Runtime:
             ):  # a relay died: the manager rebuilt the chain
                 self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
             m["stall_s"] += time.time() - t
-        self.manager.trainer_update.remote(v, len(groups) + len(filtered) - self.consumed_early)
+        self.consumed += len(groups) + len(filtered) - self.consumed_early
+        self.manager.trainer_update.remote(v, self.consumed)
         if self.cfg.run.save_trajectories:
-            write_trajectories(self.recorder.out_dir, groups, v, filtered)
+            write_trajectories(self.recorder.out_dir, groups, v, filtered, self.codec.response_text)
         rec = self.recorder
         rec.log("publish", t=m["t_publish"], version=v, stall_s=m["stall_s"])
         traj_ids = m.pop("traj_ids")
@@ -342,11 +382,15 @@ class Runtime:
         return m
 
     def collect(self) -> None:
-        """Pull the manager's replica timeline and events into the run log."""
-        timeline, events = ray.get(self.manager.drain_records.remote(), timeout=self.cfg.run.timeout_s)
+        """Pull the manager's replica timeline and events into the run log. The manager keeps each event until
+        the next call says it is logged, so events it sent in an answer lost with it come again."""
+        timeline, first, events = ray.get(
+            self.manager.drain_records.remote(self.events_logged), timeout=self.cfg.run.timeout_s
+        )
+        logged, self.events_logged = self.events_logged, max(self.events_logged, first + len(events))
         for row in timeline:
             self.recorder.log("replica", t=row.pop("t") + self.recorder.t0, **row)
-        for ev in events:
+        for ev in events[max(0, logged - first) :]:  # numbered from `first`: none is logged twice
             kind = ev.pop("kind")
             self.recorder.log(kind, t=ev.pop("t") + self.recorder.t0, **ev)
 
@@ -370,6 +414,8 @@ class Runtime:
         replica and relay is asked once more, so a failure not noticed yet (a machine lost in the last steps) is
         counted and the dead replicas' work is recovered onto live ones, in flight at the end rather than lost
         (`Supervisor.settle`); bounded by one `rollout.dead_after_s` and the recovery's own timeouts."""
+        if settle:  # a control actor restarted since the last look is counted
+            self.check_control()
         # A batch taken for a step that never finished (Ctrl-C) goes back to the buffer before anything is
         # recorded or checkpointed.
         returned = ray.get(self.buffer.return_lent.remote(), timeout=self.cfg.run.timeout_s)
@@ -480,6 +526,11 @@ class Runtime:
         in a row)."""
         if self.trainer is not None:
             self.trainer.close()  # a dead rank's slots are swept at the next run's start on its node
+        if self.manager is not None:
+            try:  # the chain as it stands (the manager may have replaced relays since the driver last asked)
+                self.relays = ray.get(self.manager.chain.remote(), timeout=10)
+            except ray.exceptions.RayError:
+                pass
         for relay in self.relays:
             try:
                 ray.get(relay.shutdown.remote(), timeout=10)
@@ -498,3 +549,6 @@ class Runtime:
         for actor in actors:
             if actor is not None:
                 ray.kill(actor)
+        if self.namespace:  # every replica and relay of the run, however it was made
+            sweep(self.namespace)
+            shutil.rmtree(self.recorder.out_dir / JOURNAL, ignore_errors=True)

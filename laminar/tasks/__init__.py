@@ -6,10 +6,12 @@ inside its functions."""
 
 from __future__ import annotations
 
-from laminar.tasks import arith, lengths, reverse, tool_arith
+from laminar.tasks import arith, chain, lengths, reverse, tool_arith
 from laminar.tasks.task import Task, WarmStart
 
-TASKS: dict[str, Task] = {t.name: t for t in (reverse.TASK, lengths.TASK, arith.TASK, tool_arith.TASK)}
+TASKS: dict[str, Task] = {
+    t.name: t for t in (reverse.TASK, lengths.TASK, arith.TASK, tool_arith.TASK, chain.TASK)
+}
 DEMO = "reverse"  # the default run's task; its warm start is `runs/warmup`
 
 __all__ = ["DEMO", "TASKS", "Task", "WarmStart", "choices", "task_named"]

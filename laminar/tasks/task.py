@@ -33,7 +33,8 @@ class WarmStart:
 
     examples: Callable[[Any, Any], Callable[[random.Random], Example]]
     codec: Callable[[], Any] | None = None  # the tiny Llama's `TaskCodec`; None: `--model` only
-    steps: int | None = None  # supervised steps of the tiny model; None: `WarmupConfig.steps`
+    steps: int | None = None  # supervised steps; None: `WarmupConfig.steps`
+    batch_size: int | None = None  # demonstrations a step; None: `WarmupConfig.batch_size`
     reads: tuple[
         str, ...
     ] = ()  # `WarmupConfig` fields `examples` reads besides the shared ones (to warmup.json)

@@ -36,6 +36,29 @@ def alert_line(record: dict[str, Any]) -> str | None:
     return None
 
 
+def _levels(r: dict[str, Any]) -> str:
+    by_level = r.get("accuracy_by_level") or {}
+    return (" (" + ", ".join(f"level {lv} {a:.3f}" for lv, a in by_level.items()) + ")") if by_level else ""
+
+
+def eval_line(r: dict[str, Any]) -> str:
+    """An `eval` record as the console shows it."""
+    return (
+        f"eval of version {r['version']}: held-out accuracy {r['accuracy']:.3f}{_levels(r)} over "
+        f"{r['samples']} samples of {r['prompts']} prompts, mean response {r['response_len_mean']:.1f} tokens"
+    )
+
+
+def summary_line(e: dict[str, Any]) -> str:
+    """`summary.json`'s `eval` as the one line printed at the end of a run."""
+    first, last, best = e["first"], e["last"], e["best"]
+    return (
+        f"held-out accuracy {first['accuracy']:.3f}{_levels(first)} at version {first['version']} -> "
+        f"{last['accuracy']:.3f}{_levels(last)} at version {last['version']} (best {best['accuracy']:.3f} at "
+        f"version {best['version']}; {e['evaluations']} evaluations)"
+    )
+
+
 class Console:
     """At most one line per kind of alert every `every_s` seconds; a line says how many it stood for. The first
     replica error of each kind also shows its traceback."""
@@ -54,6 +77,10 @@ class Console:
         if record["kind"] == "phase":  # start-up: every phase as it begins, with the seconds since the start
             text = f"laminar: [{record['t']:6.1f}s] {record['what']}"
             print(text, file=self.stream or sys.stderr, flush=True)
+            return text
+        if record["kind"] == "eval":  # held-out accuracy: every evaluation, as it completes
+            text = f"laminar: {eval_line(record)}"
+            print(text, file=self.stream or sys.stdout, flush=True)
             return text
         line = alert_line(record)
         if line is None:

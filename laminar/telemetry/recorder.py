@@ -6,7 +6,7 @@ so a reader in any language can parse every line."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +59,15 @@ class Recorder:
 
 
 def write_trajectories(
-    run_dir: Path, groups: list[list[Any]], version: int, filtered: Sequence[list[Any]] = ()
+    run_dir: Path,
+    groups: list[list[Any]],
+    version: int,
+    filtered: Sequence[list[Any]] = (),
+    text: Callable[[list[int], list[int]], str] | None = None,
 ) -> None:
     """What a step trained, as data: `trajectories.jsonl` in the run folder (one line per trajectory); those
-    the step set aside (`trainer.filter_groups`) follow with `filtered: true`."""
+    the step set aside (`trainer.filter_groups`) follow with `filtered: true`. `text(response_ids, loss_mask)`
+    adds the response as the reward read it (`TaskCodec.response_text`), for a person reading the run."""
     rows = [(t, False) for g in groups for t in g] + [(t, True) for g in filtered for t in g]
     with open(Path(run_dir) / "trajectories.jsonl", "a") as f:
         for t, dropped in rows:
@@ -76,6 +81,7 @@ def write_trajectories(
                 "finish_reason": t.finish_reason,
                 "prompt_ids": t.prompt_ids,
                 "response_ids": t.response_ids,
+                **({"response_text": text(t.response_ids, t.loss_mask)} if text is not None else {}),
                 **({"loss_mask": t.loss_mask} if t.loss_mask else {}),  # 0: a tool's output
                 **({"filtered": True} if dropped else {}),
             }

@@ -9,6 +9,17 @@ import numpy as np
 
 from laminar.data.staleness import summarise
 
+# the replicas' speculation counters (`EngineStats`, in each replica snapshot), summed over the replicas
+SPECULATION_COUNTERS = (
+    "decode_steps",
+    "verify_steps",
+    "draft_rows",
+    "draft_tokens",
+    "accepted_tokens",
+    "verify_tokens",
+    "draft_s",
+)
+
 
 def _stats(values: list[float]) -> dict[str, float]:
     if not values:
@@ -43,14 +54,15 @@ def errors(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def failures(records: list[dict[str, Any]]) -> dict[str, int]:
     """`summary.json`'s `failures`, counted from the run's records, the ones `metrics.jsonl` holds: a `failure`
-    record for every replica, relay or trainer lost, and what each `recovery` placed (a dead replica's work, or
-    moves that repack could not finish)."""
+    record for every replica, relay, trainer or control actor (prompt pool, partial pool, buffer, manager) lost,
+    and what each `recovery` placed (a dead replica's work, or moves that repack could not finish)."""
     lost = Counter(r.get("what") for r in records if r["kind"] == "failure")
     placed = [r for r in records if r["kind"] == "recovery"]
     return {
         "rollouts": lost["rollout"],
         "relays": lost["relay"],
         "trainer": lost["trainer"],
+        "control": sum(lost[w] for w in ("prompt_pool", "partial_pool", "buffer", "manager")),
         "recovered_trajectories": sum(r.get("recovered", 0) for r in placed),
         "restarted_trajectories": sum(r.get("restarted", 0) for r in placed),
         "restarted_groups": sum(r.get("restarted_groups", 0) for r in placed),
@@ -138,6 +150,16 @@ def summarize(
         summary["decode_pipeline"] = {
             "queued_ahead_share": round(queued / max(decode, 1), 4),
             "dropped_rows": sum(r.get("dropped_rows", 0) for r in last.values()),
+        }
+    spec = {k: sum(r.get(k, 0) for r in last.values()) for k in SPECULATION_COUNTERS}
+    # speculation: the share of draft tokens accepted, and the tokens a verified request gained a step
+    if spec["draft_tokens"]:
+        summary["speculation"] = {
+            **spec,
+            "draft_s": round(spec["draft_s"], 4),
+            "acceptance": round(spec["accepted_tokens"] / spec["draft_tokens"], 4),
+            "tokens_per_verify": round(spec["verify_tokens"] / max(spec["draft_rows"], 1), 4),
+            "verify_share": round(spec["verify_steps"] / max(spec["decode_steps"], 1), 4),
         }
     summary.update(extra or {})
     return summary

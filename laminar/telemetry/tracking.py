@@ -24,8 +24,12 @@ def check_wandb(project: str) -> None:
         raise ValueError(f"{WANDB_MISSING} (or leave run.wandb_project empty)") from None
 
 
+NESTED = ("accuracy_by_level",)  # an evaluation's accuracy by level: one curve a level
+
+
 def scalars(record: dict[str, Any]) -> dict[str, float]:
-    """The record's numbers under `kind/field`; lists, strings, nulls and the time stamp are left out."""
+    """The record's numbers under `kind/field`, and those of the dicts named in `NESTED` under `kind/field/key`;
+    lists, strings, nulls and the time stamp are left out."""
     kind = record["kind"]
     out = {}
     for key, value in record.items():
@@ -33,6 +37,10 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
             continue
         if isinstance(value, bool | int | float):
             out[f"{kind}/{key}"] = float(value)
+        elif key in NESTED and isinstance(value, dict):
+            for sub, v in value.items():
+                if isinstance(v, bool | int | float):
+                    out[f"{kind}/{key}/{sub}"] = float(v)
     return out
 
 

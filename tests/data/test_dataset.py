@@ -12,6 +12,7 @@ from laminar.cli import main
 from laminar.config import load_config
 from laminar.data.dataset import (
     DatasetError,
+    check_ground_truths,
     check_prompts,
     load_rows,
     normalise_row,
@@ -181,7 +182,7 @@ def test_a_prompt_longer_than_the_context_once_templated_is_named(tmp_path, shor
 def test_laminar_train_stops_on_a_bad_row_before_anything_starts(tmp_path, capsys, short_model):
     rows = [VERL_ROWS[0], {**VERL_ROWS[1], "prompt": [{"role": "user", "content": None}]}]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet")
-    long = write_jsonl(tmp_path / "long.jsonl", [{"prompt": "What is 12 + 30? " * 20}])
+    long = write_jsonl(tmp_path / "long.jsonl", [{"prompt": "What is 12 + 30? " * 20, "ground_truth": "42"}])
     cases = [
         (
             [f"data.train_files={tmp_path / 'bad.parquet'}"],
@@ -209,3 +210,36 @@ def test_a_top_level_ground_truth_is_kept_and_the_arith_task_rows_carry_theirs()
     cfg = load_config(None, ["task.name=arith", "task.num_prompts=5"])
     rows = train_rows(cfg)
     assert len(rows) == 5 and all(r["ground_truth"] and r["data_source"] == "arith" for r in rows)
+
+
+def test_a_row_without_a_ground_truth_is_found_when_the_data_loads(tmp_path):
+    rows = [VERL_ROWS[0], {"prompt": "What is 2 + 3?", "question_id": 7}]
+    files = read_dataset_files(
+        load_config(None, [f"data.train_files={write_jsonl(tmp_path / 'd.jsonl', rows)}"])
+    )
+    with pytest.raises(DatasetError) as e:
+        check_ground_truths(files, "laminar.rewards.math:default_score")
+    message = str(e.value)
+    assert message.startswith(f"{tmp_path / 'd.jsonl'} row 1: no ground truth: expected the field ")
+    assert "'reward_model.ground_truth' (verl's), 'ground_truth' or 'answer'" in message
+    assert "(the row has ['prompt', 'question_id'])" in message and "\n" not in message
+    check_ground_truths(files[:0], "r")  # no files: nothing to check
+
+
+def test_own_rows_without_a_ground_truth_stop_laminar_train_in_one_line_before_any_model_loads(
+    tmp_path, capsys, monkeypatch
+):
+    """Own data and no task.reward: the math reward scores it, so every row, held-out ones too, needs a truth."""
+    import time
+
+    monkeypatch.setattr("laminar.train.resolve_model", lambda cfg: pytest.fail("a model was loaded"))
+    good = write_jsonl(tmp_path / "train.jsonl", VERL_ROWS)
+    val = write_jsonl(tmp_path / "val.jsonl", [VERL_ROWS[0], VERL_ROWS[1], {"prompt": "What is 2 + 3?"}])
+    t0 = time.monotonic()
+    code = main(
+        ["train", f"data.train_files={good}", f"data.val_files=[{val}]", f"run.out={tmp_path / 'run'}"]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and time.monotonic() - t0 < 5, err
+    assert err[0].startswith(f"laminar train: bad configuration: {val} row 2: no ground truth")
+    assert not (tmp_path / "run").exists()

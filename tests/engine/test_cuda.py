@@ -47,3 +47,12 @@ def test_gate_up_kernel_matches_the_product_and_silu_it_fuses():
 
     assert check_gate_up(torch.float32) < 1e-5
     assert check_gate_up(torch.bfloat16) < 2e-2
+
+
+def test_speculation_on_cuda_matches_off():
+    from laminar.engine.cuda_check import check_speculation
+
+    res = check_speculation()
+    for name in ("greedy", "sampled"):
+        n, total = res[name]["identical_requests"].split("/")
+        assert n == total and res[name]["verify_steps"] > 0, res

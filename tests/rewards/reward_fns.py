@@ -44,3 +44,22 @@ def dies(response: str, row: dict[str, Any]) -> float:
     if row["row"] == "segfault":
         ctypes.string_at(0)
     return 1.0
+
+
+def verl_compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> Any:
+    """verl's signature: a dict with a "score" (and another key, as verl's richer scorers return) for gsm8k rows,
+    a float for the others."""
+    right = solution_str.strip().endswith(str(ground_truth))
+    if data_source == "openai/gsm8k":
+        return {"score": 1.0 if right else 0.0, "acc": right, "index": (extra_info or {}).get("index")}
+    return 1.0 if right else 0.0
+
+
+def verl_two_params(solution_str: str, ground_truth: str, method: str = "strict") -> float:
+    """A subset of verl's keywords, as verl's own gsm8k.compute_score takes."""
+    return float(solution_str.strip() == ground_truth)
+
+
+def verl_kwargs(solution_str: str, **kwargs: Any) -> float:
+    """Takes whatever verl passes; scores 1 when every keyword arrived."""
+    return float(set(kwargs) == {"data_source", "ground_truth", "extra_info"})

@@ -64,7 +64,9 @@ def test_the_ground_truth_falls_back_to_answer_and_to_verl_reward_model():
     assert math_reward("\\boxed{4}", {"answer": "2 + 2 = 4\n#### 4"}) == 1.0  # a full GSM8K solution
     assert math_reward("\\boxed{4}", {"reward_model": {"ground_truth": "4"}}) == 1.0
     assert math_reward("\\boxed{5}", {"ground_truth": ["4", "5"]}) == 1.0  # any of several answers
-    with pytest.raises(ValueError, match="expected a 'ground_truth' or 'answer' field"):
+    with pytest.raises(
+        ValueError, match=r"expected 'reward_model.ground_truth' \(verl\), 'ground_truth' or 'answer'"
+    ):
         math_reward("\\boxed{4}", {"prompt": "2 + 2?"})
 
 

@@ -1,0 +1,174 @@
+"""What a run's parts will hold in memory, estimated from the config and the model directory before anything
+starts, against what the machine has: a configuration that cannot fit says so in one line at the start instead of
+swapping, or being killed, minutes later.
+
+    KV cache per replica = layers x 2 (keys, values) x KV heads x head dim x block_size x kv_blocks x dtype bytes
+    weights per replica  = parameters x dtype bytes (bf16 on CUDA or with model.dtype=bfloat16, else fp32)
+    trainer per rank     = parameters x (4 fp32 weights + 4 gradients + 8 AdamW moments [+ 2 bf16 copy on CUDA]
+                           [+ the reference's copy with trainer.kl_coef]) / ranks; LoRA: the frozen fp32 base
+                           + a micro-batch's activations: tokens x (layers x (6 hidden + 4 intermediate) x dtype
+                           bytes + vocabulary x 3 x 4 bytes: the fp32 logits, log-softmax and their gradient)
+    relay slots          = relay.slots x parameters x the published dtype's bytes, in shared memory, per relay
+
+and each process's own footprint (torch, transformers and Ray's worker: `PROCESS_BYTES`). A micro-batch's tokens
+are `trainer.micro_batch_tokens` when set, else `trainer.micro_batch` sequences of twice `rollout.max_new_tokens`
+(a prompt taken as long as the longest response). On the 2-core box, SmolLM2-135M's trainer on 2 groups of 4
+sequences of up to 166 tokens peaked at 3.6 GiB with micro-batches of 4 (estimated 3.75) and 4.5 GiB with 8
+(estimated 5.0)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GIB = 1 << 30
+PROCESS_BYTES = GIB // 2  # a replica's or trainer rank's process before its model: Python, torch, Ray
+RELAY_PROCESS_BYTES = GIB // 8  # a relay's (no model)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes each part holds; `relays` is how many relays the local machine runs (master and the rollouts')."""
+
+    kv_per_replica: int
+    weights_per_replica: int
+    trainer_state: int  # per rank: weights, gradients, optimizer (and the bf16 copy, the reference)
+    trainer_activations: int  # per rank: one micro-batch's
+    relay_slots: int  # per relay
+    replicas: int
+    ranks: int
+    relays: int
+    cuda: bool
+
+    @property
+    def replica(self) -> int:
+        return self.kv_per_replica + self.weights_per_replica + (0 if self.cuda else PROCESS_BYTES)
+
+    @property
+    def trainer_per_rank(self) -> int:
+        return self.trainer_state + self.trainer_activations + (0 if self.cuda else PROCESS_BYTES)
+
+    @property
+    def host(self) -> int:
+        """What the machine's memory holds: everything on CPU; on CUDA the processes and the relay slots."""
+        relays = self.relays * (self.relay_slots + RELAY_PROCESS_BYTES)
+        if self.cuda:
+            return relays + (self.replicas + self.ranks) * PROCESS_BYTES
+        return self.replicas * self.replica + self.ranks * self.trainer_per_rank + relays
+
+    def line(self) -> str:
+        where = "GPU" if self.cuda else "host"
+        return (
+            f"memory estimate ({where}): per replica {gib(self.replica)} (KV cache {gib(self.kv_per_replica)}, "
+            f"weights {gib(self.weights_per_replica)}) x {self.replicas}, per trainer rank "
+            f"{gib(self.trainer_per_rank)} (weights, gradients and optimizer {gib(self.trainer_state)}, "
+            f"activations {gib(self.trainer_activations)}) x {self.ranks}, relay slots {gib(self.relay_slots)} x "
+            f"{self.relays}: {gib(self.host)} of host memory in all"
+        )
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def estimate(cfg: Any, shape: Any, parameters: int, cuda: bool) -> MemoryEstimate:
+    """The estimate for the run `cfg` of a model of `shape` (`laminar.engine.config.ModelConfig`) with
+    `parameters` elements; a pure function of its arguments."""
+    r, t = cfg.rollout, cfg.trainer
+    half = cuda or cfg.model.dtype == "bfloat16"  # the replicas' dtype, and the published weights'
+    engine_bytes = 2 if half else 4
+    kv = (
+        shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * r.block_size * r.kv_blocks * engine_bytes
+    )
+    if t.lora_rank > 0:  # the frozen base in fp32; adapters and their optimizer are small beside it
+        per_param = 4.0
+    else:
+        per_param = (16 + (2 if cuda else 0)) / t.num_workers
+    if t.kl_coef > 0:
+        per_param += 2 if cuda else 4
+    tokens = t.micro_batch_tokens or t.micro_batch * 2 * r.max_new_tokens
+    per_token = shape.num_layers * (6 * shape.hidden_size + 4 * shape.intermediate_size) * (2 if cuda else 4)
+    per_token += shape.vocab_size * 3 * 4
+    return MemoryEstimate(
+        kv_per_replica=kv,
+        weights_per_replica=parameters * engine_bytes,
+        trainer_state=int(parameters * per_param),
+        trainer_activations=tokens * per_token,
+        relay_slots=cfg.relay.slots * parameters * engine_bytes,
+        replicas=r.replicas,
+        ranks=t.num_workers,
+        relays=1 if cfg.run.ray_address else 2,
+        cuda=cuda,
+    )
+
+
+def too_big(est: MemoryEstimate, host_available: int, gpu_total: int | None, cfg: Any) -> str | None:
+    """The one warning line when a part does not fit what the machine has (None when all do): the host's
+    available memory for a local run's host share, and on CUDA each replica's and trainer rank's GPU share
+    (`num_gpus` of one GPU's memory)."""
+    r, t = cfg.rollout, cfg.trainer
+    if est.cuda and gpu_total:
+        replica_share = gpu_total * min(r.num_gpus or 1.0, 1.0)
+        if est.replica > replica_share:
+            return (
+                f"warning: a replica needs about {gib(est.replica)} (KV cache {gib(est.kv_per_replica)}) and its "
+                f"share of a GPU (rollout.num_gpus={r.num_gpus:g}) is {gib(int(replica_share))}: lower "
+                "rollout.kv_blocks or give each replica more of a GPU"
+            )
+        rank_share = gpu_total * min(t.num_gpus or 1.0, 1.0)
+        if est.trainer_per_rank > rank_share:
+            return (
+                f"warning: a trainer rank needs about {gib(est.trainer_per_rank)} and its share of a GPU "
+                f"(trainer.num_gpus={t.num_gpus:g}) is {gib(int(rank_share))}: lower trainer.micro_batch_tokens, "
+                "or use more trainer.num_workers or trainer.lora_rank"
+            )
+    if not cfg.run.ray_address and est.host > host_available:
+        return (
+            f"warning: the run needs about {gib(est.host)} of host memory and {gib(host_available)} is available: "
+            "lower rollout.kv_blocks, rollout.replicas, trainer.micro_batch or relay.slots"
+            + ("" if est.cuda else ", or train on a GPU")
+        )
+    return None
+
+
+# ---- what the machine and the model directory say ----------------------------------------------------------
+def parameter_count(model_dir: str | Path) -> int:
+    """Elements of every tensor in the directory's safetensors files, read from their headers (no tensor is
+    loaded); 0 when it has none (e.g. only pytorch_model.bin)."""
+    total = 0
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    return total
+
+
+def host_available() -> int:
+    """MemAvailable of /proc/meminfo (free plus what the kernel can reclaim), else the physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(cfg: Any, model_dir: str | Path, cuda: bool) -> tuple[str, str | None]:
+    """(the estimate's line, the warning or None) for the run `cfg` on this machine."""
+    from laminar.engine.config import ModelConfig
+
+    est = estimate(cfg, ModelConfig.from_dir(model_dir), parameter_count(model_dir), cuda)
+    gpu_total = None
+    if cuda:
+        import torch
+
+        if torch.cuda.is_available():  # a cluster's driver may have no GPU of its own
+            gpu_total = torch.cuda.get_device_properties(0).total_memory
+    return est.line(), too_big(est, host_available(), gpu_total, cfg)

@@ -1,0 +1,100 @@
+"""A control actor lost mid-run (kill -9 of its process: the prompt pool, the partial response pool, the
+experience buffer or the rollout manager): Ray restarts it, it replays its journal, and the run goes on to its
+last step with every trajectory trained once (`laminar audit` clean), without `--resume`. The replicas keep
+generating meanwhile; their calls to the lost actor are sent again to its restarted self."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+
+from laminar.config import load_config
+from laminar.data.records import group_of
+from laminar.telemetry.audit import audit_run
+from laminar.train import train
+from tests.runtime.test_failures_and_repack import BASE, records_of
+
+pytestmark = pytest.mark.slow
+
+VICTIMS = ("prompt_pool", "partial_pool", "buffer", "manager")
+# Killed after step 2: by then at most 4 + 6 groups (buffer.capacity_groups) can have been dispatched, so the
+# last of 6 steps trains groups handed out after the kill, through the restarted actors.
+STEPS = 6
+
+
+def _pid(_actor) -> int:
+    return os.getpid()
+
+
+def _config(model_dir):
+    return load_config(
+        None,
+        [
+            *BASE,
+            f"model.path={model_dir}",
+            f"trainer.steps={STEPS}",
+            "trainer.groups_per_step=2",
+            "rollout.groups_per_batch=1",
+            "rollout.max_new_tokens=16",
+            "buffer.capacity_groups=6",
+            "rollout.replicas=2",
+        ],
+    )
+
+
+def _kill(rt, names) -> dict[str, float]:
+    """kill -9 of each named control actor's process; returns when (the run's clock)."""
+    pids = [ray.get(getattr(rt, name).__ray_call__.remote(_pid), timeout=30) for name in names]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return dict.fromkeys(names, time.time() - rt.recorder.t0)
+
+
+def _check(summary, out, victims, killed) -> None:
+    assert set(killed) == set(victims)
+    records = records_of(out)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["version"] for r in steps] == list(range(1, STEPS + 1))
+    after = {
+        g for r in records if r["kind"] == "dispatch" and r["t"] > min(killed.values()) for g in r["groups"]
+    }
+    assert after & {group_of(t) for r in steps for t in r["traj_versions"]}, (
+        "nothing handed out since was trained"
+    )
+    lost = sorted(r["what"] for r in records if r["kind"] == "failure")
+    assert lost == sorted(victims), lost  # each restart seen once, and nothing else failed
+    assert summary["failures"]["control"] == len(victims)
+    audit = audit_run(out)
+    assert audit.ok and not audit.lost and not audit.duplicated, audit
+    t = summary["trajectories"]
+    assert t["trained"] == STEPS * 2 * 4 and t["lost"] == 0 and t["duplicated"] == 0, t
+    assert not (out / "journal").exists(), "the journals outlived the run"
+
+
+@pytest.mark.parametrize("victim", VICTIMS)
+def test_a_control_actor_killed_mid_run_is_restarted_and_the_run_loses_nothing(
+    victim, ray_cluster, tiny_model_dir, tmp_path
+):
+    killed = {}
+
+    def hook(rt, m):
+        if m["version"] == 2:
+            killed.update(_kill(rt, [victim]))
+
+    summary = train(_config(tiny_model_dir), tmp_path, quiet=True, hook=hook)
+    _check(summary, tmp_path, [victim], killed)
+
+
+def test_all_four_control_actors_killed_at_once_the_run_goes_on(ray_cluster, tiny_model_dir, tmp_path):
+    killed = {}
+
+    def hook(rt, m):
+        if m["version"] == 2:
+            killed.update(_kill(rt, VICTIMS))
+
+    summary = train(_config(tiny_model_dir), tmp_path, quiet=True, hook=hook)
+    _check(summary, tmp_path, VICTIMS, killed)
