@@ -31,7 +31,7 @@ commands:
   bench engine                     decode throughput by batch size vs Hugging Face generate
   bench relay                      weight propagation along the relay chain
   bench schedules                  every schedule on one length-controlled workload
-  bench convergence CONFIG         held-out accuracy over wall time of one job under several schedules
+  bench convergence CONFIG         time to each held-out accuracy of one job under several schedules and seeds
   bench trainer                    the trainer step alone on synthetic groups: tokens/s, padding, MFU
   bench batches                    the engine alone on batches of short grouped answers: where a batch's time goes
   bench seeds NAME=DIR... --out D  one table of `bench schedules` over several seeds: ratios per seed and overall

@@ -47,32 +47,41 @@ def load_seed(dirs: list[Path]) -> dict[str, dict[str, Any]]:
     return runs
 
 
+def ratios(values: dict[Any, float], reference: dict[Any, float]) -> dict[str, Any]:
+    """`values` over `reference`, over the seeds both have: the ratio by seed, then the ratio of the means and the
+    mean of the ratios (they differ when seeds differ in scale: the first weighs the larger seeds more), the
+    smallest and the largest; None where no seed has both."""
+    by_seed = {s: values[s] / reference[s] for s in values if s in reference}
+    both = list(by_seed)
+    return {
+        "ratio_by_seed": by_seed,
+        "ratio_of_means": (
+            statistics.mean(values[s] for s in both) / statistics.mean(reference[s] for s in both)
+            if both
+            else None
+        ),
+        "mean_of_ratios": statistics.mean(by_seed.values()) if both else None,
+        "ratio_min": min(by_seed.values()) if both else None,
+        "ratio_max": max(by_seed.values()) if both else None,
+    }
+
+
 def combine(seeds: dict[str, dict[str, dict[str, Any]]], reference: str) -> list[dict[str, Any]]:
     """Per schedule: tokens/s by seed, the mean, and the ratios to `reference` over the seeds both ran."""
     labels = list(dict.fromkeys(label for runs in seeds.values() for label in runs))
     if not any(reference in runs for runs in seeds.values()):
         raise ValueError(f"the reference schedule {reference!r} is in no seed; the schedules are {labels}")
+    of_reference = {s: runs[reference][METRIC] for s, runs in seeds.items() if reference in runs}
     rows = []
     for label in labels:
         by_seed = {s: runs[label][METRIC] for s, runs in seeds.items() if label in runs}
-        both = [s for s in by_seed if reference in seeds[s]]
-        ratios = {s: by_seed[s] / seeds[s][reference][METRIC] for s in both}
         p99 = [runs[label]["staleness"]["p99"] for runs in seeds.values() if label in runs]
         rows.append(
             {
                 "label": label,
                 "tokens_per_s": by_seed,
                 "mean": statistics.mean(by_seed.values()),
-                "ratio_by_seed": ratios,
-                "ratio_of_means": (
-                    statistics.mean(by_seed[s] for s in both)
-                    / statistics.mean(seeds[s][reference][METRIC] for s in both)
-                    if both
-                    else None
-                ),
-                "mean_of_ratios": statistics.mean(ratios.values()) if ratios else None,
-                "ratio_min": min(ratios.values()) if ratios else None,
-                "ratio_max": max(ratios.values()) if ratios else None,
+                **ratios(by_seed, of_reference),
                 "staleness_p99_max": max(p99),
             }
         )

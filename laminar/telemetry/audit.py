@@ -203,7 +203,8 @@ def audit_records(
     return audit
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A run log's rows; a cut last line (the run was killed mid-write) is left out, any other is an error."""
     lines = path.read_text().splitlines()
     rows = []
     for n, line in enumerate(lines, 1):
@@ -229,7 +230,7 @@ def audit_run(run_dir: str | Path) -> Audit:
     if config.is_file():
         group_size = (yaml.safe_load(config.read_text()) or {}).get("trainer", {}).get("group_size")
     saved = run / "trajectories.jsonl"
-    return audit_records(_jsonl(metrics), _jsonl(saved) if saved.is_file() else None, group_size)
+    return audit_records(read_jsonl(metrics), read_jsonl(saved) if saved.is_file() else None, group_size)
 
 
 def report(audit: Audit) -> str:

@@ -325,6 +325,7 @@ class Trainer:
         lags = [staleness(self.version, t.version) for t in trajs]
         rewards = [t.reward for t in trajs]
         n_tok = max(sums.get("tokens", 0.0), 1.0)
+        lengths = np.array([len(t.response_ids) for t in trajs])
         self.version += 1
         return {
             "version": self.version,
@@ -336,7 +337,10 @@ class Trainer:
             "trajectories": len(trajs),
             "tokens": sum(t.num_tokens for t in trajs),
             "response_tokens": sum(len(t.response_ids) for t in trajs),
-            "response_len_mean": float(np.mean([len(t.response_ids) for t in trajs])),
+            "response_len_mean": float(lengths.mean()),
+            # the tail a step waits for (`bench convergence` plots them over steps)
+            **{f"response_len_p{q}": float(np.percentile(lengths, q)) for q in (50, 90, 99)},
+            "response_len_max": int(lengths.max()),
             "staleness_mean": float(np.mean(lags)),
             "staleness_max": int(max(lags)),
             "clip_frac": sums.get("clip_frac_sum", 0.0) / n_tok,

@@ -59,6 +59,11 @@ def test_train_step_reports_metrics_and_bumps_the_version():
     assert m["logprob_mismatch_abs"] < 1e-5 and m["clip_frac"] == 0
     assert m["tokens"] == sum(t.num_tokens for g in groups for t in g)
     assert m["reward_mean"] == pytest.approx(sum(t.reward for g in groups for t in g) / 12)
+    lengths = sorted(len(t.response_ids) for g in groups for t in g)
+    assert m["response_len_max"] == lengths[-1] and m["response_len_p50"] == pytest.approx(
+        (lengths[5] + lengths[6]) / 2
+    )
+    assert m["response_len_p50"] <= m["response_len_p90"] <= m["response_len_p99"] <= m["response_len_max"]
     assert m["step_time_s"] > 0
     assert any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
 
