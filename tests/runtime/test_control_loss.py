@@ -21,9 +21,11 @@ from tests.runtime.test_failures_and_repack import BASE, records_of
 pytestmark = pytest.mark.slow
 
 VICTIMS = ("prompt_pool", "partial_pool", "buffer", "manager")
-# Killed after step 2: by then at most 4 + 6 groups (buffer.capacity_groups) can have been dispatched, so the
-# last of 6 steps trains groups handed out after the kill, through the restarted actors.
-STEPS = 6
+# One run kills each in turn, one a step from step 2; another kills all four at once after step 2. By then at
+# most 4 + 6 groups (buffer.capacity_groups) can have been dispatched, so the last steps train groups handed
+# out after the kills, through the restarted actors.
+STEPS = 8
+KILL_AT = {2 + i: name for i, name in enumerate(VICTIMS)}
 
 
 def _pid(_actor) -> int:
@@ -75,18 +77,17 @@ def _check(summary, out, victims, killed) -> None:
     assert not (out / "journal").exists(), "the journals outlived the run"
 
 
-@pytest.mark.parametrize("victim", VICTIMS)
-def test_a_control_actor_killed_mid_run_is_restarted_and_the_run_loses_nothing(
-    victim, ray_cluster, tiny_model_dir, tmp_path
+def test_each_control_actor_killed_in_turn_is_restarted_and_the_run_loses_nothing(
+    ray_cluster, tiny_model_dir, tmp_path
 ):
     killed = {}
 
     def hook(rt, m):
-        if m["version"] == 2:
-            killed.update(_kill(rt, [victim]))
+        if m["version"] in KILL_AT:
+            killed.update(_kill(rt, [KILL_AT[m["version"]]]))
 
     summary = train(_config(tiny_model_dir), tmp_path, quiet=True, hook=hook)
-    _check(summary, tmp_path, [victim], killed)
+    _check(summary, tmp_path, VICTIMS, killed)
 
 
 def test_all_four_control_actors_killed_at_once_the_run_goes_on(ray_cluster, tiny_model_dir, tmp_path):
