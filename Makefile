@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test faults lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,15 @@ demo: $(STAMP)
 # Three test processes, a file's tests in one of them (module fixtures are built once), longest files first.
 test: $(STAMP)
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q --durations=15 -n 3 --dist loadfile --no-loadscope-reorder
+
+# The fault suite (`-m fault`) FAULT_RUNS times in a row, stopping at the first failure; each run's log in runs/faults/.
+FAULT_RUNS ?= 10
+faults: $(STAMP)
+	mkdir -p runs/faults; for i in $$(seq 1 $(FAULT_RUNS)); do \
+	  echo "fault suite run $$i/$(FAULT_RUNS)"; \
+	  RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m fault -n 3 --dist loadfile \
+	    > runs/faults/run-$$i.log 2>&1 || { tail -30 runs/faults/run-$$i.log; exit 1; }; \
+	  tail -1 runs/faults/run-$$i.log; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check laminar tests && $(BIN)/ruff format --check laminar tests

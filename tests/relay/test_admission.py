@@ -9,6 +9,8 @@ import pytest
 
 from laminar.relay.admission import Handshakes, displaced
 
+pytestmark = pytest.mark.fault  # `make faults`
+
 
 def test_a_newcomer_displaces_the_oldest_of_its_address_else_the_oldest_of_all():
     assert displaced([], "a", slots=4, per_address=2) is None

@@ -17,6 +17,8 @@ from laminar.relay.relay import MAX_PENDING_HANDSHAKES
 from laminar.relay.slots import FREE, ShmBuffer, new_buffer_path
 from tests.relay.test_relay import CHUNK, SECRET, FakeUpstream, held_bytes, link, make_relay, publish
 
+pytestmark = pytest.mark.fault  # `make faults`
+
 
 class RunsCode:
     def __init__(self, marker: str):

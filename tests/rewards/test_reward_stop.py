@@ -10,6 +10,9 @@ from laminar.data.records import Trajectory
 from laminar.rewards.loader import RewardLoadError
 from laminar.rewards.stop import FailingRewards, RewardFailure, dry_run, dry_run_rows
 
+pytestmark = pytest.mark.fault  # `make faults`
+
+
 ROWS = dry_run_rows(
     [{"prompt": f"{d} =", "ground_truth": d, "mode": m} for d, m in zip("1234", ["raise", "nan"] * 2)]
 )

@@ -127,6 +127,7 @@ class _RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("victim", ["runtime_state.json", "trainer_state.safetensors"])
 def test_resume_from_a_checkpoint_file_replaced_by_a_pickle_runs_nothing(
     laminar_run, tmp_path, victim, capsys
@@ -211,6 +212,7 @@ TAMPERED = {  # what was done to the checkpoint, and what the one line says
 }
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("case", sorted(TAMPERED))
 def test_a_tampered_checkpoint_is_one_line_before_anything_starts(
     laminar_run, tmp_path, case, capsys, monkeypatch

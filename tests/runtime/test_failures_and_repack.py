@@ -24,7 +24,7 @@ from laminar.rollout.inflight import sample_seed
 from laminar.telemetry.audit import audit_run
 from laminar.train import train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 BASE = [
     "trainer.group_size=4",

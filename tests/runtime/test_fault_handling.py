@@ -23,7 +23,7 @@ from laminar.config import load_config
 from laminar.relay.slots import SHM_DIR
 from laminar.train import train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 MODES = ("nan", "string", "raise", "ok")
 KIND_OF_MODE = {"nan": "not_finite", "string": "not_a_number", "raise": "raised"}

@@ -13,7 +13,7 @@ from laminar.telemetry.audit import audit_run
 from laminar.train import train
 from tests.runtime.test_failures_and_repack import records_of, start_until_checkpoint
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 
 def test_ctrl_c_then_resume_trains_every_prompt_once(ray_cluster, tiny_model_dir, tmp_path):

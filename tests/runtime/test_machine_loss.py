@@ -17,7 +17,7 @@ from laminar.telemetry.audit import audit_run
 from laminar.train import train
 from tests.runtime.test_failures_and_repack import BASE, records_of
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 
 def _wait_handled(rt, relays: int, rollouts: int, what: str) -> None:
