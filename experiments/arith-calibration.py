@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from laminar.data.arith import LEVELS, ArithTask
+from laminar.tasks.arith import LEVELS, ArithTask
 from laminar.engine import Engine, SamplingParams
 from laminar.rewards.math import default_score
 

@@ -18,7 +18,8 @@ import torch
 from transformers import AutoModelForCausalLM
 from laminar.bench.trainer import synthetic_groups
 from laminar.engine.random_model import shape_config
-from laminar.trainer.trainer import Trainer, TrainerConfig
+from laminar.config import TrainerConfig
+from laminar.trainer.trainer import Trainer
 from laminar.trainer.logprobs import chunked_logprobs
 
 shape = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-0.5b"
@@ -31,14 +32,11 @@ compute = sys.argv[3] if len(sys.argv) > 3 else ""
 cfg = TrainerConfig(
     lr=1e-6,
     micro_batch_tokens=mbt,
-    device="cuda",
-    threads=8,
-    publish_dtype="bfloat16",
+    num_cpus=8,
     packing="on",
-    compute_dtype=compute,
     compile=os.environ.get("BD_COMPILE") == "layers",
 )
-tr = Trainer(cfg, model=model, rank=0, world=1)
+tr = Trainer(cfg, device="cuda", compute_dtype=compute, publish_dtype="bfloat16", model=model)
 print("compile:", os.environ.get("BD_COMPILE", "none"))
 vocab = tr.model.config.vocab_size
 batches = [synthetic_groups(8, 8, 32, 256, 2048, vocab, s, 10.0) for s in range(4)]

@@ -44,7 +44,7 @@ class TaskConfig:
     length_p99_ratio: float = 10.0
     lengths_file: str = ""
     length_prompt_words: int = 16  # the prompt: this many random digits (about a token each) and " ="
-    arith_levels: str = "1,2"  # the `arith` task: comma-separated levels (laminar.data.arith.LEVELS)
+    arith_levels: str = "1,2"  # the `arith` task: comma-separated levels (laminar.tasks.arith.LEVELS)
     # the `chain` task: comma-separated levels (laminar.tasks.chain.LEVELS), and its steps a problem (lognormal)
     chain_levels: str = "1,2"
     chain_steps_median: float = 4.0
@@ -242,6 +242,12 @@ class RunConfig:
     save_trajectories: bool = True
     wandb_project: str = ""  # set: also log to Weights & Biases (offline unless WANDB_MODE=online)
     export: str = ""  # at the end, also the final weights as a Hugging Face dir RUN_DIR/model in this dtype
+    # every this many trainer steps, a few of the step's trajectories as text (prompt, response, reward) to
+    # samples.jsonl, TensorBoard and W&B; 0 = none
+    samples_every: int = 10
+    samples_per_step: int = 4
+    # true: also Ray's INFO lines and its async-actor warning, and transformers' progress bars and warnings
+    verbose: bool = False
 
 
 @dataclass
@@ -693,6 +699,13 @@ def validate(cfg: Config) -> None:
         cfg.run.export,
         "'' (no export) or the dtype of RUN_DIR/model: float32, bfloat16 or float16",
     )
+    _check(
+        cfg.run.samples_every >= 0,
+        "run.samples_every",
+        cfg.run.samples_every,
+        "0 (no samples) or a number of trainer steps",
+    )
+    _check(cfg.run.samples_per_step >= 1, "run.samples_per_step", cfg.run.samples_per_step, "at least 1")
 
 
 def main(argv: list[str] | None = None) -> int:

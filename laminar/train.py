@@ -24,6 +24,7 @@ import yaml
 
 from laminar.config import Config, ConfigError, load_config, lr_warning
 from laminar.telemetry.provenance import code_digest
+from laminar.telemetry.quiet import actor_env, quiet_libraries, ray_logging_level
 
 
 def resolve_model(cfg: Config) -> str:
@@ -125,13 +126,20 @@ def start_lines(cfg: Config, model_path: str) -> list[str]:
 
 
 def start_ray(cfg: Config) -> None:
+    """Ray for the run: the actors' output reaches the console, less what `run.verbose` alone shows
+    (`laminar.telemetry.quiet`)."""
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         return
+    common = {
+        "log_to_driver": True,
+        "logging_level": ray_logging_level(cfg.run.verbose),
+        "runtime_env": {"env_vars": actor_env(cfg.run.verbose)},
+    }
     if cfg.run.ray_address:
-        ray.init(address=cfg.run.ray_address, log_to_driver=True)
+        ray.init(address=cfg.run.ray_address, **common)
         return
     need = cfg.trainer.num_cpus * cfg.trainer.num_workers + cfg.rollout.replicas * cfg.rollout.num_cpus
     ray.init(
@@ -140,7 +148,7 @@ def start_ray(cfg: Config) -> None:
         object_store_memory=256 << 20,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
-        log_to_driver=True,
+        **common,
     )
 
 
@@ -372,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         config, overrides = None, [config, *overrides]
     try:
         cfg = load_config(config, overrides)
+        # before the checks below load the tokenizer (or build the warm start)
+        quiet_libraries(cfg.run.verbose)
         if cfg.model.path:
             resolve_model(cfg)
         check_inputs(cfg)

@@ -54,6 +54,9 @@ def test_yaml_then_overrides(tmp_path):
         ("trainer.clip_low=0", ["trainer.clip_low", "in (0, 1)"]),
         ("trainer.clip_high=0", ["trainer.clip_high", "positive"]),
         ("trainer.is_cap=0", ["trainer.is_cap", "positive"]),
+        ("run.samples_every=-1", ["run.samples_every", "0 (no samples) or a number of trainer steps"]),
+        ("run.samples_per_step=0", ["run.samples_per_step", "at least 1"]),
+        ("run.verbose=loud", ["run.verbose", "true or false"]),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_valid(override, names):
@@ -116,6 +119,13 @@ def test_trainer_options_parse():
     assert (load_config().trainer.kl_coef, load_config().trainer.filter_groups) == (0.0, False)
 
 
+def test_watching_options_parse_and_default_to_samples_every_10_steps_and_no_noise():
+    run = load_config().run
+    assert (run.samples_every, run.samples_per_step, run.verbose) == (10, 4, False)
+    run = load_config(None, ["run.samples_every=0", "run.samples_per_step=2", "run.verbose=true"]).run
+    assert (run.samples_every, run.samples_per_step, run.verbose) == (0, 2, True)
+
+
 def test_a_demo_learning_rate_on_a_real_model_warns_in_one_line(tiny_model_dir):
     assert lr_warning(load_config()) is None  # the demo's own model: its lr is right for it
     assert lr_warning(load_config(None, [f"model.path={tiny_model_dir}", "trainer.lr=1e-5"])) is None
@@ -148,11 +158,11 @@ def test_a_tool_that_does_not_load_is_named_before_anything_starts():
 )
 def test_the_run_config_accepts_exactly_what_the_loss_accepts(field, value):
     """A value the loss would refuse once Ray has started is refused when the config is read, and the reverse."""
-    from laminar.runtime.trainer_group import trainer_config
     from laminar.trainer.grpo import GRPOConfig
 
     try:
-        trainer_config(load_config(None, [f"trainer.{field}={value}"]), "unused", cuda=False)
+        cfg = load_config(None, [f"trainer.{field}={value}"])
+        GRPOConfig.of(cfg.trainer, cfg.rollout)  # the loss the trainer builds from it
         config_ok = True
     except ConfigError:
         config_ok = False

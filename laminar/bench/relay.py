@@ -46,7 +46,7 @@ def _run_chain(
     """Publish `versions` versions through master -> workers; per version, wait for the last relay."""
     import ray
 
-    from laminar.engine.weights import WeightLayout
+    from laminar.engine.layout import WeightLayout
     from laminar.relay.chain import build_chain, relay_on_node
     from laminar.relay.publisher import WeightPublisher
     from laminar.relay.relay import RelaySettings

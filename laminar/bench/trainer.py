@@ -158,10 +158,11 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
     """One rank's part; rank 0 returns the result (and writes it when run as a spawned rank)."""
     from transformers import AutoModelForCausalLM
 
-    from laminar.engine.weights import WeightLayout
+    from laminar.config import TrainerConfig
+    from laminar.engine.layout import WeightLayout
     from laminar.relay.publisher import ShardWriter
     from laminar.relay.slots import ShmBuffer, new_buffer_path
-    from laminar.trainer.trainer import Trainer, TrainerConfig
+    from laminar.trainer.trainer import Trainer
 
     cuda = args.device.startswith("cuda")
     if world > 1:
@@ -179,19 +180,24 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
     params = sum(p.numel() for p in model.parameters())
     cfg = TrainerConfig(
         lr=1e-6,
-        micro_batch_size=args.micro_batch,
+        micro_batch=args.micro_batch,
         micro_batch_tokens=args.micro_batch_tokens,
-        device="cuda" if cuda else "cpu",
-        threads=8,
-        publish_dtype="bfloat16" if cuda else "",
+        num_cpus=8,
         activation_checkpointing=args.activation_checkpointing,
         cpu_offload=args.cpu_offload,
         packing=args.packing,
         compile=args.compile,
         reshard_after_forward=not args.no_reshard,
-        compute_dtype=args.compute_dtype,
     )
-    trainer = Trainer(cfg, model=model, rank=rank, world=world)
+    trainer = Trainer(
+        cfg,
+        device="cuda" if cuda else "cpu",
+        compute_dtype=args.compute_dtype,
+        publish_dtype="bfloat16" if cuda else "",
+        model=model,
+        rank=rank,
+        world=world,
+    )
     del model
     model_config = trainer.model.config
     batches = step_batches(args, model_config.vocab_size)

@@ -135,6 +135,21 @@ def supervised_batch(examples: list[Example], pad_id: int) -> dict[str, torch.Te
     return {"input_ids": ids, "attention_mask": attn, "labels": labels}
 
 
+PROGRESS_STEPS, PROGRESS_S = 50, 10.0  # a progress line every this many steps or seconds, whichever is first
+
+
+def progress_due(step: int, total: int, since_shown_s: float) -> bool:
+    """Whether step `step` (1-based) prints a progress line: the first and the last, every `PROGRESS_STEPS`, and
+    any once `PROGRESS_S` have passed since the last line (a large model's steps take seconds each)."""
+    return step in (1, total) or step % PROGRESS_STEPS == 0 or since_shown_s >= PROGRESS_S
+
+
+def progress_line(step: int, total: int, loss: float, elapsed_s: float) -> str:
+    """`warmup step N/TOTAL loss X, T s, ETA S s`: the time left at the mean step time so far."""
+    eta = elapsed_s / step * (total - step)
+    return f"warmup step {step}/{total} loss {loss:.3f}, {elapsed_s:.1f} s, ETA {eta:.0f} s"
+
+
 def warmup(
     out: str | Path,
     cfg: WarmupConfig | None = None,
@@ -165,8 +180,8 @@ def warmup(
     model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30))
-    t0 = time.perf_counter()
-    for step in range(cfg.steps):
+    t0 = t_shown = time.perf_counter()
+    for step in range(1, cfg.steps + 1):
         batch = supervised_batch([example(rng) for _ in range(cfg.batch_size)], codec.pad_id)
         loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
         opt.zero_grad(set_to_none=True)
@@ -174,10 +189,10 @@ def warmup(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if log and (step % 50 == 0 or step == cfg.steps - 1):
-            print(
-                f"warmup step {step:4d}  loss {loss.item():.3f}  {time.perf_counter() - t0:5.1f}s", flush=True
-            )
+        now = time.perf_counter()
+        if log and progress_due(step, cfg.steps, now - t_shown):
+            print(progress_line(step, cfg.steps, loss.item(), now - t0), flush=True)
+            t_shown = now
 
     model.to("cpu")
     if model_path is None:

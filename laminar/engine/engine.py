@@ -4,6 +4,9 @@ Requests can leave (`export_request`) and enter (`import_request`) mid-generatio
 prompt plus tokens so far and continues with the same sampling stream, so a moved request produces what it would
 have produced had it stayed. Weights are swapped in place (`load_weights`): parameters are copied into, the KV
 cache is never reallocated.
+
+With `tensor_parallel`, N processes each run one of these on a shard of the network (`tensor_parallel.py`), making
+the same calls in the same order.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from laminar.engine.block_manager import BlockManager
 from laminar.engine.config import ModelConfig, SamplingParams, Speculation
 from laminar.engine.drafter import Drafter, next_draft_len
+from laminar.engine.layout import WeightLayout
 from laminar.engine.model_runner import Launched, ModelRunner
 from laminar.engine.sampler import SamplingBatch, accepted_prefix, request_key
 from laminar.engine.scheduler import Scheduler
@@ -29,7 +33,8 @@ from laminar.engine.sequence import (
     Sequence,
     StepOutput,
 )
-from laminar.engine.weights import WeightLayout, load_safetensors_dir, unflatten
+from laminar.engine.tensor_parallel import TPGroup, local_config, shard_state_dict
+from laminar.engine.weights import load_safetensors_dir, unflatten
 
 CPU_KV_BUDGET = 1 << 30  # default KV cache on CPU: 1 GiB (or less if the running cap needs less)
 # rows a verify step may hold (a request's last token and each of its draft tokens is a row); with speculation
@@ -56,14 +61,19 @@ class Engine:
         share_prompts: bool = True,
         pipeline: bool | None = None,
         speculation: Speculation | None = None,
+        tensor_parallel: TPGroup | None = None,
     ):
         """`weights=None` keeps the random initialisation (benchmarks); otherwise a Hugging Face state dict.
         `share_prompts=False` makes every sample prefill its own prompt (the measure of what sharing saves).
         `pipeline`: queue each decode step before the last one's tokens reach the host (`step`); by default on
         where decode runs as CUDA graphs (the host's work per step then hides behind the device's), off on
         CPU, where nothing runs asynchronously to hide it behind. `speculation`: grouped speculative decoding
-        (`_drafts`, `_verify`); None: off."""
+        (`_drafts`, `_verify`); None: off. `tensor_parallel`: this process's rank among those that run this engine
+        together (each holds its shard of the weights and KV cache; no CUDA graphs yet); every rank must be built
+        with the same arguments and make the same calls. None, or a world of 1: one process."""
         self.config = cfg = model_config
+        self.tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.world > 1 else None
+        self.shard_config = local_config(cfg, self.tp.world) if self.tp else cfg  # this rank's network
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' but torch.cuda.is_available() is False; use device='cpu'")
@@ -74,8 +84,10 @@ class Engine:
         if num_kv_blocks is None:
             rows = max(max_num_seqs, VERIFY_ROWS if speculating else 0)
             num_kv_blocks = self._default_kv_blocks(dtype, max_num_seqs, rows, gpu_memory_utilization)
+            if self.tp:  # each rank's free memory differs; their caches, and so their schedules, must not
+                num_kv_blocks = self.tp.agree_min(num_kv_blocks, self.device)
         self.runner = ModelRunner(
-            cfg,
+            self.shard_config,
             device=self.device,
             dtype=dtype,
             num_kv_blocks=num_kv_blocks,
@@ -84,6 +96,7 @@ class Engine:
             max_num_seqs=max_num_seqs,
             use_cuda_graphs=use_cuda_graphs,
             max_rows=VERIFY_ROWS if speculating else 0,
+            tensor_parallel=self.tp,
         )
         self.blocks = BlockManager(num_kv_blocks, block_size)
         self.scheduler = Scheduler(
@@ -119,11 +132,11 @@ class Engine:
         return cls(cfg, weights=load_safetensors_dir(path), **kw)
 
     def _default_kv_blocks(self, dtype: torch.dtype, max_num_seqs: int, rows: int, utilization: float) -> int:
-        per_block = ModelRunner.kv_bytes_per_block(self.config, self.block_size, dtype)
+        per_block = ModelRunner.kv_bytes_per_block(self.shard_config, self.block_size, dtype)
         wanted = max_num_seqs * -(-self.max_model_len // self.block_size)
         if self.device.type != "cuda":
             return max(1, min(wanted, CPU_KV_BUDGET // per_block))
-        cfg, elem = self.config, torch.empty((), dtype=dtype).element_size()
+        cfg, elem = self.shard_config, torch.empty((), dtype=dtype).element_size()
         params = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2) + cfg.num_layers * (
             cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
             + 3 * cfg.hidden_size * cfg.intermediate_size
@@ -196,7 +209,8 @@ class Engine:
 
     def export_request(self, request_id: str, with_kv: bool = False) -> ExportedRequest:
         """Remove a request and return what another engine needs to continue it; `with_kv`: with the keys and
-        values it has cached, so an engine of the same weights takes them over instead of prefilling again."""
+        values it has cached, so an engine of the same weights takes them over instead of prefilling again (under
+        tensor parallelism, this rank's KV heads: the same rank of an engine of the same degree takes them)."""
         seq = self._seqs.get(request_id)
         if seq is None:
             raise KeyError(
@@ -229,6 +243,12 @@ class Engine:
             )
         tokens = list(e.prompt_token_ids) + list(e.output_token_ids)
         self._check_new(e.request_id, len(tokens), "prompt plus outputs")
+        if e.kv is not None and e.kv.shard != self.runner.shard:
+            raise ValueError(
+                f"request {e.request_id!r}: its keys and values are shard {e.kv.shard} (rank, world) but this "
+                f"engine is rank {self.runner.shard[0]} of {self.runner.shard[1]}; give each rank its own rank's "
+                "shard, or between degrees tensor_parallel.gather_kv then split_kv (or export without with_kv)"
+            )
         versions = list(e.token_versions) or [e.version] * len(e.output_token_ids)
         seq = Sequence(
             e.request_id,
@@ -576,8 +596,11 @@ class Engine:
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Copy Hugging Face-named tensors into the parameters in place (CUDA graphs and KV cache stay valid)."""
+        """Copy Hugging Face-named tensors into the parameters in place (CUDA graphs and KV cache stay valid).
+        Under tensor parallelism `state` is the whole model; this rank copies its slices."""
         self._drain()  # a step in flight samples with the weights and version it was queued under
+        if self.tp:
+            state = shard_state_dict(state, self.config, self.tp.rank, self.tp.world)
         params = dict(self.runner.model.named_parameters())  # a tied lm_head appears once, as the embedding
         tied_extra = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
         missing = sorted(set(params) - set(state))

@@ -1,10 +1,13 @@
 """The Llama-family network (Llama, Qwen2, Qwen3) over flat token batches and a paged KV cache.
 
 Module and parameter names are Hugging Face's, so `state_dict()` of a transformers model (or of the trainer)
-loads here by name with no mapping table.
+loads here by name with no mapping table. Under tensor parallelism (`tensor_parallel.py`) the network is built
+with one rank's shape (its heads and MLP columns) and `tp` set: o_proj and down_proj then sum over the ranks.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +24,9 @@ from laminar.engine.attention import (
 from laminar.engine.config import ModelConfig
 from laminar.engine.fused import Fused
 from laminar.engine.paged_attention import rope_store, rope_store_supported
+
+if TYPE_CHECKING:
+    from laminar.engine.tensor_parallel import TPGroup
 
 
 class RMSNorm(nn.Module):
@@ -52,10 +58,17 @@ def fuse(module: nn.Module, name: str, *linears: nn.Linear) -> None:
             setattr(lin, part, nn.Parameter(view, requires_grad=False))
 
 
+def row_parallel(linear: nn.Linear, x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """Megatron's row-parallel product: this rank's input columns times its weight columns, summed over the
+    ranks; the bias (whole on every rank) added once, after the sum."""
+    y = tp.all_reduce(F.linear(x, linear.weight))
+    return y if linear.bias is None else y + linear.bias
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, fused: Fused):
+    def __init__(self, cfg: ModelConfig, fused: Fused, tp: TPGroup | None = None):
         super().__init__()
-        self.fused = fused
+        self.fused, self.tp = fused, tp
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
@@ -99,13 +112,14 @@ class Attention(nn.Module):
             out = prefill_attention(q, k, v, ctx)
         else:
             out = decode_attention(q, k_cache, v_cache, ctx)
-        return self.o_proj(out.reshape(n, -1))
+        out = out.reshape(n, -1)
+        return self.o_proj(out) if self.tp is None else row_parallel(self.o_proj, out, self.tp)
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, fused: Fused):
+    def __init__(self, cfg: ModelConfig, fused: Fused, tp: TPGroup | None = None):
         super().__init__()
-        self.fused = fused
+        self.fused, self.tp = fused, tp
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
@@ -114,15 +128,17 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_kernel and gate_up.ENABLED and x.is_cuda and x.shape[0] <= gate_up.MAX_ROWS:
-            return self.down_proj(gate_up.gate_up_silu(x, self.gate_up_weight))  # one kernel, no [N, 2I]
-        return self.down_proj(self.fused.silu_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
+            h = gate_up.gate_up_silu(x, self.gate_up_weight)  # one kernel, no [N, 2I]
+        else:
+            h = self.fused.silu_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias))
+        return self.down_proj(h) if self.tp is None else row_parallel(self.down_proj, h, self.tp)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, fused: Fused):
+    def __init__(self, cfg: ModelConfig, fused: Fused, tp: TPGroup | None = None):
         super().__init__()
-        self.self_attn = Attention(cfg, fused)
-        self.mlp = MLP(cfg, fused)
+        self.self_attn = Attention(cfg, fused, tp)
+        self.mlp = MLP(cfg, fused, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
 
@@ -139,21 +155,22 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig, fused: Fused):
+    def __init__(self, cfg: ModelConfig, fused: Fused, tp: TPGroup | None = None):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, fused) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, fused, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
 
 
 class CausalLM(nn.Module):
-    """`model.*` and `lm_head.weight` as in transformers; `lm_head` shares the embedding when tied."""
+    """`model.*` and `lm_head.weight` as in transformers; `lm_head` shares the embedding when tied. `cfg` is one
+    rank's shape (`tensor_parallel.local_config`) when `tp` is set."""
 
-    def __init__(self, cfg: ModelConfig, fused: Fused | None = None):
+    def __init__(self, cfg: ModelConfig, fused: Fused | None = None, tp: TPGroup | None = None):
         super().__init__()
         self.config = cfg
         self.fused = fused or Fused(compile=False)
-        self.model = Backbone(cfg, self.fused)
+        self.model = Backbone(cfg, self.fused, tp)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -1,4 +1,6 @@
-"""Tensors in, logits out: owns the network, the KV cache, the RoPE table and (on CUDA) the decode graphs."""
+"""Tensors in, logits out: owns the network, the KV cache, the RoPE table and (on CUDA) the decode graphs.
+
+Under tensor parallelism the runner holds one rank's shard: the network and cache of `cfg`, that rank's shape."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from laminar.engine.model import CausalLM
 from laminar.engine.rope import cos_sin_table
 from laminar.engine.sampler import SamplingBatch
 from laminar.engine.sequence import MovedKV, Sequence
+from laminar.engine.tensor_parallel import TPGroup
 
 
 @dataclass
@@ -59,16 +62,20 @@ class ModelRunner:
         max_num_seqs: int,
         use_cuda_graphs: bool,
         max_rows: int = 0,
+        tensor_parallel: TPGroup | None = None,
     ):
         """`max_rows`: the most rows a decode step may have when more than `max_num_seqs` (speculation verifies
-        several tokens a request, one row each); the decode graphs are captured up to it."""
+        several tokens a request, one row each); the decode graphs are captured up to it. `tensor_parallel`:
+        this rank's place, `cfg` then its shard's shape (`tensor_parallel.local_config`)."""
         self.cfg, self.device, self.dtype = cfg, device, dtype
+        self.tp = tensor_parallel
+        self.shard = (tensor_parallel.rank, tensor_parallel.world) if tensor_parallel else (0, 1)
         self.block_size, self.max_model_len = block_size, max_model_len
         fused = Fused(compile=device.type == "cuda" and use_cuda_graphs)
         if device.type == "cuda":
             fused.warm_up(device, dtype, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         with torch.device(device), _default_dtype(dtype):
-            self.model = CausalLM(cfg, fused).eval().requires_grad_(False)
+            self.model = CausalLM(cfg, fused, tensor_parallel).eval().requires_grad_(False)
         self.cos_sin = cos_sin_table(
             cfg.rope_parameters, cfg.head_dim, cfg.max_position_embeddings, max_model_len
         )
@@ -92,7 +99,8 @@ class ModelRunner:
             )
             for _ in range(2)
         ]
-        self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda"
+        # tensor parallel decodes eagerly for now: its all-reduces are not captured in the graphs
+        self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda" and tensor_parallel is None
 
     @staticmethod
     def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -115,6 +123,7 @@ class ModelRunner:
             self._kv_dtype(),
             take(self.k_cache),
             take(self.v_cache),
+            self.shard,
         )
 
     def fits_kv(self, kv: MovedKV) -> bool:
@@ -292,7 +301,11 @@ class ModelRunner:
             return torch.from_numpy(x).to(self.device)
 
         top_k, top_p = (put(sb.top_k), put(sb.top_p)) if sb.filtered else (None, None)
-        return sampler.sample(logits, put(sb.temperatures), put(sb.keys), top_k, top_p)
+        tokens, logprobs = sampler.sample(logits, put(sb.temperatures), put(sb.keys), top_k, top_p)
+        if self.tp is not None and self.tp.check:
+            self.tp.check_same(tokens, "sampled tokens")
+            self.tp.check_same(logprobs, "log-probs")
+        return tokens, logprobs
 
     # ---- CUDA graphs --------------------------------------------------------------------------------------
     def _graph_size(self, bsz: int) -> int:

@@ -58,13 +58,15 @@ class Sequence:
 @dataclass
 class MovedKV:
     """The keys and values a request had cached, for an engine of the same model and weights to take over
-    instead of prefilling them again: [layers, tokens, kv_heads, head_dim] each, as raw bytes of `dtype`."""
+    instead of prefilling them again: [layers, tokens, kv_heads, head_dim] each, as raw bytes of `dtype`. From a
+    tensor-parallel engine, one rank's KV heads only (`tensor_parallel.py`)."""
 
     num_tokens: int
     shape: tuple[int, int, int, int]
     dtype: str  # torch dtype name, e.g. "bfloat16"
     keys: np.ndarray  # uint8
     values: np.ndarray  # uint8
+    shard: tuple[int, int] = (0, 1)  # (rank, world) of the engine that exported it; (0, 1): every KV head
 
 
 @dataclass

@@ -2,7 +2,7 @@
 keeps the replicas' timeline (KV use, version) that the plots and the repack gate read.
 
 What a schedule changes here is only *when* a replica may have work: `Dispatch` is that decision
-(`laminar.manager.dispatch`, the schedule's rule); the dispatcher itself is schedule-agnostic.
+(`laminar.schedules.dispatch`, the schedule's rule); the dispatcher itself is schedule-agnostic.
 
 Its counters, the evaluations waiting and each replica's last answer are journaled with the fleet (`apply`), so
 a restarted manager keeps the dispatch bound, and a replica asking again after the manager's loss (the same
@@ -16,8 +16,8 @@ from dataclasses import asdict
 from typing import Any
 
 from laminar.data.records import PromptGroup
-from laminar.manager.dispatch import Dispatch
 from laminar.manager.fleet import Fleet
+from laminar.schedules.dispatch import Dispatch
 
 
 class Dispatcher:

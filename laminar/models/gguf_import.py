@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 GGUF_MAGIC = b"GGUF"
@@ -44,8 +46,15 @@ def check_extra() -> None:
             raise GGUFImportError(f"importing a GGUF needs the {module!r} package: {EXTRA}") from e
 
 
-def import_gguf(gguf_file: str | Path, out: str | Path) -> Path:
-    """Writes the Hugging Face directory `out` (created; must not already hold a model) and returns it."""
+def mib(n_bytes: int) -> str:
+    return f"{n_bytes / (1 << 20):.1f} MiB"
+
+
+def import_gguf(
+    gguf_file: str | Path, out: str | Path, say: Callable[[str], None] = lambda line: None
+) -> Path:
+    """Writes the Hugging Face directory `out` (created; must not already hold a model) and returns it; `say`
+    is told what it is doing, with sizes and times (a large GGUF takes minutes to dequantize)."""
     src, out = Path(gguf_file), Path(out)
     check_gguf(src)
     if (out / "config.json").exists():
@@ -56,8 +65,15 @@ def import_gguf(gguf_file: str | Path, out: str | Path) -> Path:
 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    t0 = time.perf_counter()
+    say(f"reading {src} ({mib(src.stat().st_size)}): its tokenizer, then its weights, dequantized to float32")
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name)
+    n_params = sum(p.numel() for p in loaded.parameters())
+    say(
+        f"read a {loaded.config.model_type} model of {n_params / 1e6:.1f} M parameters and a tokenizer of "
+        f"{len(tokenizer)} tokens in {time.perf_counter() - t0:.1f} s; copying into a fresh model"
+    )
     config = loaded.config.to_dict()
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
         config.pop(key, None)
@@ -73,6 +89,7 @@ def import_gguf(gguf_file: str | Path, out: str | Path) -> Path:
     fresh.tie_weights()
 
     out.mkdir(parents=True, exist_ok=True)
+    t1 = time.perf_counter()
     fresh.save_pretrained(out, safe_serialization=True)
     GenerationConfig(
         bos_token_id=fresh.config.bos_token_id,
@@ -81,6 +98,8 @@ def import_gguf(gguf_file: str | Path, out: str | Path) -> Path:
     ).save_pretrained(out)
     tokenizer.save_pretrained(out)
     portable_tokenizer_config(out, tokenizer.chat_template, fresh.config.max_position_embeddings)
+    weights = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    say(f"wrote {mib(weights)} of safetensors, config and tokenizer in {time.perf_counter() - t1:.1f} s")
     return out
 
 
@@ -105,9 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("gguf_file", help="the .gguf file to import")
     parser.add_argument("--out", required=True, help="the directory to write (new or empty)")
+    parser.add_argument(
+        "--verbose", action="store_true", help="also transformers' progress bars and warnings"
+    )
     args = parser.parse_args(argv)
+    from laminar.telemetry.quiet import quiet_libraries
+
+    quiet_libraries(args.verbose)
     try:
-        out = import_gguf(args.gguf_file, args.out)
+        out = import_gguf(
+            args.gguf_file, args.out, say=lambda line: print(f"laminar model import: {line}", flush=True)
+        )
     except GGUFImportError as e:
         print(f"laminar model import: {e}", file=sys.stderr)
         return 2

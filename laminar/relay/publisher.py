@@ -153,7 +153,8 @@ class WeightPublisher:
         return stall
 
     def _write_state_dict(self, state: dict[str, Any]) -> tuple[int, Any, int]:
-        from laminar.engine.weights import WeightLayout, flatten_into  # the engine owns the flat format
+        from laminar.engine.layout import WeightLayout  # the engine owns the flat format
+        from laminar.engine.weights import flatten_into
 
         if self._layout is None:
             self._layout = WeightLayout.of(state)

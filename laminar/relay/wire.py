@@ -29,6 +29,8 @@ from typing import Any
 import crc32c
 import numpy as np
 
+from laminar.engine.layout import WeightLayout  # the engine owns the flat format
+
 HEADER = struct.Struct("!4sqqq")
 BEGIN, CHUNK, END, ABORT = b"BEGN", b"CHNK", b"END_", b"ABRT"
 ACCEPT, SKIP, LOCAL, DONE = b"A", b"S", b"L", b"D"
@@ -112,8 +114,6 @@ def encode_layout(layout: Any) -> bytes:
 
 def decode_layout(blob: bytes, nbytes: int) -> Any:
     """Parse (never unpickle) a layout and check it describes exactly `nbytes`."""
-    from laminar.engine.weights import WeightLayout  # the engine owns the flat format
-
     try:
         doc = json.loads(blob.decode("utf-8"))
         if set(doc) == {"weights"}:

@@ -142,7 +142,7 @@ class RolloutReplica:
         self._storer = threading.Thread(target=self._store_loop, name=f"store-{replica_id}", daemon=True)
 
     def _tool_script(self, rid: str) -> dict[str, Any] | None:
-        """The benchmark workload's scripted calls of a request (`laminar.data.lengths`), or None."""
+        """The benchmark workload's scripted calls of a request (`laminar.tasks.lengths`), or None."""
         state = self.inflight.get(rid)
         return state.group.meta.get("tool_script") if state is not None else None
 

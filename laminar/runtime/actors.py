@@ -26,8 +26,9 @@ class TrainerActor:
     on another machine than rank 0 (`trainer.placement=spread`) sends its rows to the master relay instead
     (`Relay.piece`), which assembles the version from the slot and the pieces before anyone may pull it."""
 
-    def __init__(self, trainer_cfg: Any, slots: int, rank: int = 0, world: int = 1) -> None:
-        self.cfg, self.slots, self.rank, self.world = trainer_cfg, slots, rank, world
+    def __init__(self, trainer_args: dict[str, Any], slots: int, rank: int = 0, world: int = 1) -> None:
+        """`trainer_args`: the trainer's constructor arguments (`laminar.runtime.trainer_group.trainer_args`)."""
+        self.args, self.slots, self.rank, self.world = trainer_args, slots, rank, world
         self.trainer: Any = None
         self.publisher: Any = None
         self.writer: Any = None
@@ -43,7 +44,7 @@ class TrainerActor:
         theirs in `join`."""
         from laminar.trainer.trainer import Trainer
 
-        self.trainer = Trainer(self.cfg)
+        self.trainer = Trainer(**self.args)
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -68,7 +69,7 @@ class TrainerActor:
         from laminar.relay.publisher import ShardWriter
         from laminar.trainer.trainer import Trainer
 
-        cuda = self.cfg.device.startswith("cuda")
+        cuda = self.args["device"].startswith("cuda")
         if cuda:
             torch.cuda.set_device(0)  # Ray shows each rank its own GPU only
         dist.init_process_group(
@@ -77,7 +78,7 @@ class TrainerActor:
             rank=self.rank,
             world_size=self.world,
         )
-        self.trainer = Trainer(self.cfg, rank=self.rank, world=self.world)
+        self.trainer = Trainer(**self.args, rank=self.rank, world=self.world)
         self.writer = ShardWriter()
         nodes: list[Any] = [None] * self.world
         dist.all_gather_object(nodes, self.node_id())
@@ -146,7 +147,7 @@ class TrainerActor:
             )
         import torch.distributed as dist
 
-        from laminar.engine.weights import WeightLayout
+        from laminar.engine.layout import WeightLayout
 
         shards = parts
         if self.layout is None:

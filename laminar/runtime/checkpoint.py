@@ -15,7 +15,8 @@ from laminar.trainer.state_files import CheckpointError, read_json, verify_check
 
 RUNTIME_STATE = "runtime_state.json"  # the run's pools and counters beside the trainer's files
 
-LOGS = ("metrics.jsonl", "trajectories.jsonl")  # append-only run logs, rewound to a checkpoint on resume
+# append-only run logs, rewound to a checkpoint on resume
+LOGS = ("metrics.jsonl", "trajectories.jsonl", "samples.jsonl")
 
 
 def log_sizes(run_dir: Path) -> dict[str, int]:

@@ -25,9 +25,10 @@ from laminar.runtime.checkpoint import checkpoint_version, restore_checkpoint, w
 from laminar.runtime.control import RESTARTS, BufferActor, PartialPoolActor, PromptPoolActor
 from laminar.runtime.evaluation import Evaluator
 from laminar.runtime.factory import BUFFER, Factory, run_namespace, sweep, use_cuda
-from laminar.runtime.trainer_group import TrainerGroup, trainer_config
+from laminar.runtime.trainer_group import TrainerGroup, trainer_args
 from laminar.schedules.schedule import Schedule
 from laminar.telemetry.recorder import Recorder, write_trajectories
+from laminar.telemetry.samples import due, sample_rows
 from laminar.trainer.grpo import informative
 
 # Loading the policy may take this many `run.timeout_s` (a large model from a slow disk, sharded over ranks).
@@ -98,7 +99,7 @@ class Runtime:
     events_logged: int = 0  # the manager's events in the run log so far
     control_pids: dict[str, int] = field(default_factory=dict)  # each control actor's process, last seen
     pinned: list[Any] = field(default_factory=list)  # large constructor arguments of restartable actors
-    codec: Any = None  # the model's tokenizer: the text of the responses `trajectories.jsonl` keeps
+    codec: Any = None  # the model's tokenizer: the text `trajectories.jsonl` and `samples.jsonl` keep
 
     # ---- start ---------------------------------------------------------------------------------------------
     @classmethod
@@ -166,7 +167,7 @@ class Runtime:
             cfg.buffer.sampler,
             str(journal),
         )
-        plain = trainer_config(cfg, model_path, cuda)
+        plain = trainer_args(cfg, model_path, cuda)
         # The trainer (and so the master relay and the checkpoint writes) prefers the driver's machine too.
         resources = {"num_cpus": t.num_cpus, "num_gpus": t.num_gpus if cuda else 0}
         rt.trainer_spec = (resources, plain)
@@ -371,6 +372,8 @@ class Runtime:
         m["scored_to_taken_s"] = round(self.t_taken - t_gen_end, 4)  # scoring, buffer, transfer to the driver
         m["taken_to_trainer_s"] = round(m["t_start"] - self.t_taken, 4)  # the batch's way to the trainer
         rec.log("step", step=v, **{k: x for k, x in m.items() if k not in ("t_start", "t_publish")})
+        if due(self.cfg.run.samples_every, v):
+            rec.samples(v, sample_rows(groups, v, self.cfg.run.samples_per_step, self.codec))
         self.trained_ids.update(traj_ids)
         self.filtered, self.consumed_early = [], 0
         self.version = v

@@ -31,7 +31,7 @@ class TrainerGroup:
     @classmethod
     def start(
         cls,
-        cfg: Any,
+        args: dict[str, Any],
         slots: int,
         world: int,
         resources: dict[str, Any],
@@ -39,11 +39,12 @@ class TrainerGroup:
         here: dict[str, Any],
         spread: bool = False,
     ) -> TrainerGroup:
-        """`resources` per rank (num_cpus, num_gpus); `here`: where a single rank prefers to run; `spread`: one
-        rank a machine (else all on one). The ranks build their policy in the background: every rank answers
-        `node_id` and `attach_master` at once, and `wait_loaded` waits for the policy before anything else."""
+        """`args`: the trainer's constructor arguments (`trainer_args`); `resources` per rank (num_cpus,
+        num_gpus); `here`: where a single rank prefers to run; `spread`: one rank a machine (else all on one).
+        The ranks build their policy in the background: every rank answers `node_id` and `attach_master` at
+        once, and `wait_loaded` waits for the policy before anything else."""
         if world == 1:
-            rank = TrainerActor.options(**resources, **here).remote(cfg, slots)
+            rank = TrainerActor.options(**resources, **here).remote(args, slots)
             return cls([rank], loading=[rank.load.remote()])
         bundle = {"CPU": resources["num_cpus"]} | (
             {"GPU": resources["num_gpus"]} if resources["num_gpus"] else {}
@@ -66,7 +67,7 @@ class TrainerGroup:
             TrainerActor.options(
                 **resources,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-            ).remote(cfg, slots, rank=i, world=world)
+            ).remote(args, slots, rank=i, world=world)
             for i in range(world)
         ]
         group = cls(ranks, pg)
@@ -144,47 +145,15 @@ class TrainerGroup:
             self.pg = None
 
 
-def trainer_config(cfg: Config, model_path: str, cuda: bool) -> Any:
-    """The run's `trainer` section as the trainer's own config (`laminar.trainer.trainer.TrainerConfig`)."""
-    from laminar.trainer.grpo import GRPOConfig
-    from laminar.trainer.trainer import TrainerConfig
-
-    t, r = cfg.trainer, cfg.rollout
-    grpo = GRPOConfig(
-        clip_low=t.clip_low,
-        clip_high=t.clip_high,
-        temperature=r.temperature if r.temperature > 0 else 1.0,
-        top_k=r.top_k,
-        top_p=r.top_p,
-        proximal="behaviour" if t.correction == "none" else "trainer",
-        is_correction=t.correction,
-        is_cap=t.is_cap,
-        kl_coef=t.kl_coef,
-        advantage=t.advantage,
-        loss_agg=t.loss_agg,
-        ratio=t.ratio,
-        norm_tokens=r.max_new_tokens,
-    )
-    return TrainerConfig(
-        model_path=model_path,
-        lr=t.lr,
-        weight_decay=t.weight_decay,
-        grad_clip=t.max_grad_norm,
-        micro_batch_size=t.micro_batch,
-        micro_batch_tokens=t.micro_batch_tokens,
-        mini_batches=t.mini_batches,
-        seed=cfg.run.seed,
-        threads=max(1, int(t.num_cpus)),
-        grpo=grpo,
-        device="cuda" if cuda else "cpu",
-        publish_dtype="bfloat16" if cuda or cfg.model.dtype == "bfloat16" else "",
-        max_nonfinite_steps=t.max_nonfinite_steps,
-        activation_checkpointing=t.activation_checkpointing,
-        packing=t.packing,
-        cpu_offload=t.cpu_offload,
-        compile=t.compile,
-        reshard_after_forward=t.reshard_after_forward,
-        lora_rank=t.lora_rank,
-        lora_alpha=t.lora_alpha,
-        lora_target_modules=list(t.lora_target_modules),
-    )
+def trainer_args(cfg: Config, model_path: str, cuda: bool) -> dict[str, Any]:
+    """The trainer's constructor arguments for this run (`laminar.trainer.trainer.Trainer`): the `trainer` and
+    `rollout` sections as they are, and what the run decided elsewhere (where it runs, its seed, the weights'
+    dtype on the wire: bf16 for a GPU or bf16 engine)."""
+    return {
+        "cfg": cfg.trainer,
+        "model_path": model_path,
+        "rollout": cfg.rollout,
+        "device": "cuda" if cuda else "cpu",
+        "seed": cfg.run.seed,
+        "publish_dtype": "bfloat16" if cuda or cfg.model.dtype == "bfloat16" else "",
+    }

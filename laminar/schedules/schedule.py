@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from laminar.manager.dispatch import Dispatch
+from laminar.schedules.dispatch import Dispatch
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -64,7 +64,7 @@ class LengthConfig:
     def from_task(cls, cfg: Any) -> LengthConfig:
         """`kind: bench` for the length-controlled workload a run's config names (`task.name=lengths`): the
         simulator then replays that run's own rows (`workload`)."""
-        from laminar.data.lengths import LengthWorkload
+        from laminar.tasks.lengths import LengthWorkload
 
         return cls.of_workload(LengthWorkload.from_task(cfg), cfg.task.num_prompts)
 
@@ -90,7 +90,7 @@ class LengthConfig:
 
     def workload(self) -> Any:
         """The runtime's length-controlled workload with these lengths and tool calls."""
-        from laminar.data.lengths import LengthWorkload
+        from laminar.tasks.lengths import LengthWorkload
 
         return LengthWorkload(
             median=int(self.median),
@@ -111,7 +111,7 @@ class LengthSampler:
     """Deterministic (prompt_len, response_lens) per group index.
 
     `kind: bench` replays the runtime's own length-controlled workload (`task.name=lengths`): the rows of
-    `laminar.data.lengths.LengthWorkload` (median, p99 ratio, cap = `max_response`, seed = `workload_seed`)
+    `laminar.tasks.lengths.LengthWorkload` (median, p99 ratio, cap = `max_response`, seed = `workload_seed`)
     handed out in the order of the real `laminar.data.prompt_pool.PromptPool` (seeded by the run), every sample of a group the
     same length (the row fixes it, end-of-sequence ignored), prompts `prompt_median` tokens, no drift. Group i
     of the simulation is then group i of a measured run.

@@ -4,7 +4,7 @@ Every schedule but `verl` is the runtime's own value and loop: `schedule_of` wri
 simulated run stands for and builds its `Schedule` with `Schedule.from_config`, the very function `laminar train`
 calls; `RuntimeLoop` runs it as the runtime does (`laminar.rollout.replica` and `Schedule.run`): a replica whose
 batch has drained pulls the newest version its relay holds, then asks for prompt groups, and the answer is the
-schedule's dispatch rule (`laminar.manager.dispatch`). What differs between schedules is only that value: the rule,
+schedule's dispatch rule (`laminar.schedules.dispatch`). What differs between schedules is only that value: the rule,
 whether the trainer takes its batches in dispatch order, whether a new version is a global push, whether it
 interrupts generation, and whether long tails are repacked. Laminar's ablations are the runtime's overrides of
 `laminar` (`ABLATIONS`); `verl` (sync with trainer and rollouts colocated on every GPU, switching costs instead

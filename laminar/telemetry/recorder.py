@@ -47,6 +47,14 @@ class Recorder:
             self.trackers.log(record)
         return record
 
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """A step's trajectories as text (`laminar.telemetry.samples`): appended to `samples.jsonl`, and shown
+        by the trackers."""
+        with open(self.out_dir / "samples.jsonl", "a") as f:
+            f.writelines(dumps(row) + "\n" for row in rows)
+        if self.trackers is not None:
+            self.trackers.samples(step, rows)
+
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r["kind"] == kind]
 

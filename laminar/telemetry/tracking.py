@@ -1,7 +1,7 @@
 """Trackers: the run log's numbers in TensorBoard (always, `RUN_DIR/tensorboard/`) and Weights & Biases (when
 `run.wandb_project` is set). Fed by the driver's `Recorder`, so they show exactly what `metrics.jsonl` holds:
 every numeric field of every record, as `kind/field` (`step/reward_mean`, `eval/accuracy`), at the trainer step
-the record belongs to."""
+the record belongs to; and the text of the trajectories `samples.jsonl` holds (`samples`)."""
 
 from __future__ import annotations
 
@@ -83,6 +83,22 @@ class Trackers:
             self.tensorboard.add_scalar(tag, value, global_step=step, walltime=self.t0 + record["t"])
         if self.wandb is not None:
             self.wandb.log(values, step=self.step)
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """A step's trajectories as text (`laminar.telemetry.samples`): TensorBoard's text tab under `samples`,
+        a W&B table under the same name."""
+        from laminar.telemetry.samples import markdown
+
+        if not rows:
+            return
+        self.step = max(self.step, step)
+        self.tensorboard.add_text("samples", markdown(rows), global_step=step)
+        if self.wandb is not None:
+            import wandb
+
+            columns = list(rows[0])
+            table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
+            self.wandb.log({"samples": table}, step=self.step)
 
     def close(self) -> None:
         self.tensorboard.close()

@@ -92,7 +92,7 @@ class ToolTurns:
     max_output_tokens: int = 256
     workers: int = 4
     detect: Callable[[list[int]], ToolCall | None] | None = None
-    # a request's scripted calls (the benchmark's tool workload, `laminar.data.lengths`), or None
+    # a request's scripted calls (the benchmark's tool workload, `laminar.tasks.lengths`), or None
     script_of: Callable[[str], dict[str, Any] | None] | None = None
     script_token: int = 0  # the token a scripted call's output is made of
     turns: dict[str, Turn] = field(default_factory=dict)

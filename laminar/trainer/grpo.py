@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from laminar.config import ADVANTAGES, LOSS_AGGS, RATIOS
+from laminar.config import ADVANTAGES, LOSS_AGGS, RATIOS, RolloutConfig, TrainerConfig
 
 
 @dataclass
@@ -31,6 +31,27 @@ class GRPOConfig:
     loss_agg: str = "token_mean"  # LOSS_AGGS: see `aggregate`
     ratio: str = "token"  # RATIOS: token, or GSPO's one ratio a sequence (`sequence_ratio`)
     norm_tokens: int = 0  # seq_mean_token_sum_norm's constant: the longest response (rollout.max_new_tokens)
+
+    @classmethod
+    def of(cls, t: TrainerConfig, r: RolloutConfig) -> GRPOConfig:
+        """The loss of a run: the `trainer` section's terms, and the distribution the rollout samples from (a
+        greedy rollout's log-probs are taken at temperature 1) with its longest response as Dr.GRPO's constant.
+        Decoupled PPO (`trainer.correction` tis or mis) takes the ratio against the trainer's own log-probs."""
+        return cls(
+            clip_low=t.clip_low,
+            clip_high=t.clip_high,
+            temperature=r.temperature if r.temperature > 0 else 1.0,
+            top_k=r.top_k,
+            top_p=r.top_p,
+            proximal="behaviour" if t.correction == "none" else "trainer",
+            is_correction=t.correction,
+            is_cap=t.is_cap,
+            kl_coef=t.kl_coef,
+            advantage=t.advantage,
+            loss_agg=t.loss_agg,
+            ratio=t.ratio,
+            norm_tokens=r.max_new_tokens,
+        )
 
     def __post_init__(self) -> None:
         for name, valid in (("advantage", ADVANTAGES), ("loss_agg", LOSS_AGGS), ("ratio", RATIOS)):

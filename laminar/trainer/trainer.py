@@ -6,7 +6,7 @@ import copy
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from laminar.config import LORA_TARGETS
+from laminar.config import RolloutConfig, TrainerConfig
 from laminar.data.codec import copy_tokenizer_files
 from laminar.data.records import Trajectory
 from laminar.data.staleness import staleness
@@ -36,63 +36,6 @@ from laminar.trainer.state_files import (
 )
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-
-
-@dataclass
-class TrainerConfig:
-    model_path: str = ""
-    lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    micro_batch_size: int = 32  # sequences per forward/backward; memory, not maths
-    micro_batch_tokens: int = (
-        0  # > 0: micro-batches filled up to this many padded tokens instead (longest first)
-    )
-    mini_batches: int = 1  # optimizer updates per train_step (version still counts train_steps)
-    seed: int = 0
-    threads: int = 1
-    device: str = "cpu"  # cpu | cuda (fp32 master weights, bf16 compute on CUDA)
-    # the single trainer's compute copy: "" = bfloat16 on CUDA, float32 (no copy) on CPU; a sharded trainer
-    # computes in bf16 through FSDP's mixed precision on CUDA
-    compute_dtype: str = ""
-    publish_dtype: str = ""  # dtype of the published weights; empty = the parameters' (float32)
-    max_nonfinite_steps: int = 3  # non-finite steps skipped in a row before NonFiniteError
-    packing: str = "auto"  # on | off | auto (= on CUDA): micro-batches as one row of sequences, no padding
-    activation_checkpointing: bool = False  # recompute each decoder layer in the backward: memory for time
-    cpu_offload: bool = (
-        False  # sharded trainer only: parameters, gradients and optimizer state in host memory
-    )
-    compile: bool = False  # CUDA: each decoder layer through torch.compile (its elementwise work fused)
-    # FSDP: free each layer's gathered weights after its forward, gather them again for the backward (false:
-    # keep them until the backward: one all-gather a layer fewer, the whole bf16 model resident on every rank)
-    reshard_after_forward: bool = True
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    # LoRA (`lora.py`): > 0 trains adapters of this rank on `lora_target_modules`, the base frozen; one rank only
-    lora_rank: int = 0
-    lora_alpha: float = 16.0
-    lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
-
-    def __post_init__(self) -> None:
-        if isinstance(self.grpo, dict):
-            self.grpo = GRPOConfig(**self.grpo)
-        if self.micro_batch_tokens < 0:
-            raise ValueError(f"trainer.micro_batch_tokens={self.micro_batch_tokens}: must be >= 0")
-        for name in ("lr", "micro_batch_size", "mini_batches", "threads", "max_nonfinite_steps"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"trainer.{name}={getattr(self, name)}: must be > 0")
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"trainer.device={self.device!r}: must be cpu, cuda or cuda:N")
-        if self.packing not in ("auto", "on", "off"):
-            raise ValueError(f"trainer.packing={self.packing!r}: must be auto, on or off")
-        if self.compute_dtype not in ("", "float32", "bfloat16"):
-            raise ValueError(f"trainer.compute_dtype={self.compute_dtype!r}: must be '', float32 or bfloat16")
-        if self.publish_dtype not in ("", "float32", "bfloat16"):
-            raise ValueError(f"trainer.publish_dtype={self.publish_dtype!r}: must be '', float32 or bfloat16")
-        if self.lora_rank < 0 or self.lora_alpha <= 0:
-            raise ValueError(
-                f"trainer.lora_rank={self.lora_rank}, lora_alpha={self.lora_alpha}: must be >= 0, > 0"
-            )
 
 
 class NonFiniteError(RuntimeError):
@@ -136,28 +79,54 @@ class Trainer:
     """Holds the policy and optimizer; `version` is the number of train steps taken, i.e. the weights' version."""
 
     def __init__(
-        self, cfg: TrainerConfig, model: PreTrainedModel | None = None, rank: int = 0, world: int = 1
+        self,
+        cfg: TrainerConfig,
+        model_path: str = "",
+        *,
+        rollout: RolloutConfig | None = None,
+        device: str = "cpu",
+        seed: int = 0,
+        compute_dtype: str = "",
+        publish_dtype: str = "",
+        model: PreTrainedModel | None = None,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
-        """`world > 1`: this is rank `rank` of a sharded trainer (FSDP2) in the default process group, which the
+        """`cfg` is the run's `trainer` section, validated when the config loaded; the rest comes from other
+        sections. `model_path`: the starting weights (`model` given: those instead; the path still names the
+        LoRA base and the tokenizer files a checkpoint copies). `rollout`: the sampling the log-probs are of, and
+        its longest response (`GRPOConfig.of`). `device`: cpu | cuda | cuda:N (fp32 master weights, bf16 compute
+        on CUDA). `seed`: `run.seed`. `compute_dtype`: the single trainer's compute copy, "" = bfloat16 on CUDA,
+        float32 (no copy) on CPU (a sharded trainer computes in bf16 through FSDP's mixed precision on CUDA).
+        `publish_dtype`: the published weights', "" = the parameters' (float32).
+
+        `world > 1`: this is rank `rank` of a sharded trainer (FSDP2) in the default process group, which the
         caller has initialised; every rank is given the same batches and trains its own share of them."""
-        torch.set_num_threads(cfg.threads)
-        torch.manual_seed(cfg.seed)
+        if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+            raise ValueError(f"trainer device={device!r}: must be cpu, cuda or cuda:N")
+        for name, dtype in (("compute_dtype", compute_dtype), ("publish_dtype", publish_dtype)):
+            if dtype not in ("", "float32", "bfloat16"):
+                raise ValueError(f"trainer {name}={dtype!r}: must be '', float32 or bfloat16")
+        torch.set_num_threads(max(1, int(cfg.num_cpus)))
+        torch.manual_seed(seed)
         self.cfg, self.rank, self.world = cfg, rank, world
-        self.device = torch.device(cfg.device)
+        self.model_path, self.compute_dtype, self.publish_dtype = model_path, compute_dtype, publish_dtype
+        self.loss = GRPOConfig.of(cfg, rollout or RolloutConfig())
+        self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"trainer.device={cfg.device!r}, but CUDA is not available here")
+            raise ValueError(f"trainer device={device!r}, but CUDA is not available here")
         if world > 1 and self.device.type == "cuda":
             self.device = torch.device("cuda", torch.cuda.current_device())
-        model = model if model is not None else load_policy(cfg.model_path)
+        model = model if model is not None else load_policy(model_path)
         # The KL reference is the starting policy, frozen; never saved: a resumed or restarted trainer loads it
         # again from the same starting weights, so a checkpoint holds the policy alone. It runs forward only,
         # in bf16 on CUDA; a sharded trainer shards it as it shards the policy.
-        self.ref_model = self._load_reference(model) if cfg.grpo.kl_coef > 0 else None
+        self.ref_model = self._load_reference(model) if cfg.kl_coef > 0 else None
         self.lora = cfg.lora_rank > 0
         if self.lora:
             if world > 1:
                 raise ValueError("trainer.lora_rank > 0 needs one trainer rank (trainer.num_workers=1)")
-            lora.add_adapters(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_modules, cfg.model_path)
+            lora.add_adapters(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_modules, model_path)
         self.model = model.float().train()
         wanted = cfg.packing == "on" or (cfg.packing == "auto" and self.device.type == "cuda")
         self.packed = wanted and supports_packing(self.model)
@@ -179,7 +148,7 @@ class Trainer:
             self.master = MasterWeights(self.model, compute)
         forward_model = self.master.compute if self.master is not None else self.model
         # log-probs of the distribution the engine draws from: its temperature and truncation
-        sampled = (cfg.grpo.temperature, cfg.grpo.top_k, cfg.grpo.top_p)
+        sampled = (self.loss.temperature, self.loss.top_k, self.loss.top_p)
         self.policy = PolicyLogprobs(forward_model, *sampled)
         self.ref_policy = PolicyLogprobs(self.ref_model, *sampled) if self.ref_model is not None else None
         if cfg.compile and self.device.type == "cuda":
@@ -195,7 +164,6 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             [p for _, p in self._trained()],
             lr=cfg.lr,
-            betas=cfg.betas,
             weight_decay=cfg.weight_decay,
             fused=self.device.type == "cuda",
         )
@@ -214,8 +182,8 @@ class Trainer:
             self.warm_up()
 
     def _compute_dtype(self) -> torch.dtype:
-        if self.cfg.compute_dtype:
-            return getattr(torch, self.cfg.compute_dtype)
+        if self.compute_dtype:
+            return getattr(torch, self.compute_dtype)
         return torch.bfloat16 if self.device.type == "cuda" else torch.float32
 
     def _load_reference(self, model: PreTrainedModel) -> PreTrainedModel:
@@ -251,14 +219,14 @@ class Trainer:
         advs = advantages(
             [[t.reward for t in g] for g in groups],
             [[t.num_trained_tokens for t in g] for g in groups],
-            self.cfg.grpo.advantage,
-            self.cfg.grpo.adv_eps,
+            self.loss.advantage,
+            self.loss.adv_eps,
         )
         trajs = [t for g in groups for t in g]
         adv_of = [a for ga in advs for a in ga]
         plan = self.plan([t.num_tokens for t in trajs])
         proximal: dict[int, torch.Tensor] | None = None
-        if self.cfg.grpo.proximal == "trainer":
+        if self.loss.proximal == "trainer":
             proximal = self._logprobs_no_grad(trajs, [mb for _, mbs in plan for mb in mbs])
 
         sums: dict[str, float] = {}
@@ -289,7 +257,7 @@ class Trainer:
                     batch["behaviour"],
                     batch["advantages"],
                     batch["mask"],
-                    self.cfg.grpo,
+                    self.loss,
                     num_tokens,
                     proximal=torch.cat([proximal[i] for i in idx]) if proximal else None,
                     ref_logp=ref,
@@ -373,7 +341,7 @@ class Trainer:
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
 
     def _clip_grad_norm(self) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         if hasattr(norm, "full_tensor"):  # sharded: a DTensor, already reduced over the ranks
             norm = norm.full_tensor()
         return float(norm)
@@ -480,8 +448,8 @@ class Trainer:
             if not summary:
                 return
             raise NonFiniteError(  # finite in fp32, not once cast
-                f"the trainer's weights at version {self.version} overflow {self.cfg.publish_dtype} "
-                "(trainer.publish_dtype): values beyond its range become inf; they are not published"
+                f"the trainer's weights at version {self.version} overflow {self.publish_dtype} "
+                "(publish_dtype): values beyond its range become inf; they are not published"
             )
         bad = [self._parameters()[i][0] for i in bad_at]
         raise NonFiniteError(
@@ -524,11 +492,11 @@ class Trainer:
     def micro_batches(self, lengths: list[int], index: list[int]) -> list[list[int]]:
         """`index` cut into micro-batches, longest sequences first, so each micro-batch pads to a length close to
         its own (the loss is normalised by the whole mini-batch's tokens: the order changes no gradient). By
-        count (`micro_batch_size`), or filled up to `micro_batch_tokens` padded tokens when that is set."""
+        count (`micro_batch`), or filled up to `micro_batch_tokens` padded tokens when that is set."""
         order = [i for _, i in sorted(zip(lengths, index), key=lambda p: -p[0])]
         width = dict(zip(index, lengths))
         if self.cfg.micro_batch_tokens <= 0:
-            n = self.cfg.micro_batch_size
+            n = self.cfg.micro_batch
             return [order[s : s + n] for s in range(0, len(order), n)]
         out: list[list[int]] = []
         size = 0
@@ -623,7 +591,7 @@ class Trainer:
         self, trajs: list[Trajectory], micro: list[list[int] | None] | None = None
     ) -> dict[int, torch.Tensor]:
         """The current policy's log-probs of the response tokens of each trajectory in `micro` (this rank's
-        micro-batches; all of `trajs` by `micro_batch_size` when not given), by trajectory index."""
+        micro-batches; all of `trajs` by `micro_batch` when not given), by trajectory index."""
         if micro is None:
             micro = self.plan([t.num_tokens for t in trajs])
             micro = [mb for _, mbs in micro for mb in mbs]
@@ -667,7 +635,7 @@ class Trainer:
             raise RuntimeError("a sharded trainer publishes its shards (weight_shards), never whole weights")
         if check:
             self.check_finite()
-        dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else None
+        dtype = getattr(torch, self.publish_dtype) if self.publish_dtype else None
         if self.lora:  # rollouts get the merged model, never the adapters
             return lora.merged_weights(self.model, self.publish_names(), self._merged, dtype)
         if self.master is not None and dtype == self.master.dtype:  # the compute copy is already that cast
@@ -688,7 +656,7 @@ class Trainer:
             self.check_finite()
         views = self._shards()
         self._cast = None
-        dtype = getattr(torch, self.cfg.publish_dtype) if self.cfg.publish_dtype else views[0].dtype
+        dtype = getattr(torch, self.publish_dtype) if self.publish_dtype else views[0].dtype
         if dtype == views[0].dtype:
             return list(views)  # published as they are
         if self._cast_rows is None or self._cast_rows[0].dtype != dtype:
@@ -773,8 +741,8 @@ class Trainer:
                 self.model.config.save_pretrained(out)
                 if self.model.generation_config is not None:
                     self.model.generation_config.save_pretrained(out)
-            if self.cfg.model_path:
-                copy_tokenizer_files(self.cfg.model_path, out)
+            if self.model_path:
+                copy_tokenizer_files(self.model_path, out)
             groups = self.optimizer.state_dict()["param_groups"]
             meta = {"version": self.version, "ranks": self.world, "config": asdict(self.cfg)}
             rng = {

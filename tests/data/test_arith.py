@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from laminar.data.arith import LEVELS, ArithTask, parse_levels
 from laminar.rewards.math import default_score
+from laminar.tasks.arith import LEVELS, ArithTask, parse_levels
 
 OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from laminar.config import TrainerConfig
 from laminar.data.codec import TaskCodec
 from laminar.engine import Engine, ModelConfig, SamplingParams
-from laminar.trainer.trainer import Trainer, TrainerConfig
+from laminar.trainer.trainer import Trainer
 from tests.realmodel import REAL_STYLES, set_generation_eos, write_real_model_dir
 
 CHAT = [{"role": "user", "content": "What is 12 + 30?"}]
@@ -139,7 +140,7 @@ def test_an_end_token_only_generation_config_declares_stops_the_engine(tmp_path)
 
 
 def test_a_checkpoint_is_a_whole_hugging_face_model_directory(llama_dir, tmp_path):
-    trainer = Trainer(TrainerConfig(model_path=str(llama_dir)))
+    trainer = Trainer(TrainerConfig(), str(llama_dir))
     out = trainer.save_checkpoint(tmp_path / "ckpt")
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         assert (out / name).read_bytes() == (llama_dir / name).read_bytes(), name

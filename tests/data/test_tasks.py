@@ -44,7 +44,7 @@ def test_jsonl_rows_are_checked_by_row_and_field(tmp_path):
 
 
 def test_the_tool_workload_scripts_long_tailed_calls_within_each_response():
-    from laminar.data.lengths import LengthWorkload
+    from laminar.tasks.lengths import LengthWorkload
 
     w = LengthWorkload(
         median=64, tool_calls_mean=2.0, tool_latency_median_s=0.5, tool_output_tokens=8, seed=1

@@ -4,13 +4,16 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from laminar.data.tasks import TaskCodec
-from laminar.data.warmup import main
+from laminar.data.warmup import main, progress_due, progress_line
 from laminar.trainer.trainer import check_model_dir
 
 
-def test_warmup_writes_a_loadable_hf_dir(tmp_path):
+def test_warmup_writes_a_loadable_hf_dir_and_prints_its_progress_with_the_total(tmp_path, capsys):
     out = tmp_path / "w"
     assert main(["--out", str(out), "--steps", "2"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warmup step")]
+    assert [line.split(" loss")[0] for line in lines] == ["warmup step 1/2", "warmup step 2/2"]
+    assert all(", ETA " in line for line in lines)
     check_model_dir(out)
     for name in (
         "config.json",
@@ -39,3 +42,14 @@ def test_warmup_device_is_checked(tmp_path, capsys):
             main(["--out", str(tmp_path / "w"), "--steps", "1", "--device", "cuda"])
         assert "no CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def test_the_progress_line_gives_the_total_and_the_time_left():
+    assert progress_line(50, 200, 1.23456, 10.0) == "warmup step 50/200 loss 1.235, 10.0 s, ETA 30 s"
+    assert progress_line(200, 200, 0.5, 40.04).endswith("40.0 s, ETA 0 s")
+
+
+def test_progress_prints_every_50_steps_or_10_seconds_whichever_comes_first():
+    assert progress_due(1, 300, 0.0) and progress_due(300, 300, 0.0)  # the first step and the last
+    assert progress_due(50, 300, 1.0) and not progress_due(51, 300, 1.0)
+    assert progress_due(7, 300, 10.0) and not progress_due(7, 300, 9.9)  # slow steps: by the clock

@@ -3,7 +3,8 @@ import pickle
 import numpy as np
 import torch
 
-from laminar.engine.weights import flatten_into, flatten_state_dict, unflatten
+from laminar.engine.layout import ITEMSIZE
+from laminar.engine.weights import DTYPES, flatten_into, flatten_state_dict, unflatten
 
 
 def test_flatten_round_trip_is_zero_copy_and_aligned():
@@ -24,3 +25,8 @@ def test_flatten_round_trip_is_zero_copy_and_aligned():
     shared = np.empty(layout.total_bytes, dtype=np.uint8)
     flatten_into(state, layout, shared)
     assert torch.equal(unflatten(shared, layout)["b"], state["b"])
+
+
+def test_the_layouts_sizes_are_torchs():
+    """The layout (plain data, no torch) sizes each dtype as torch does."""
+    assert {name: torch.empty(0, dtype=dt).element_size() for name, dt in DTYPES.items()} == ITEMSIZE

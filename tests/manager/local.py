@@ -10,9 +10,9 @@ import ray
 from laminar.config import Config, RepackConfig
 from laminar.data.records import PromptGroup
 from laminar.engine import ExportedRequest, SamplingParams
-from laminar.manager.dispatch import Dispatch
 from laminar.manager.manager import RolloutManager
 from laminar.rollout.inflight import InFlight, sample_seed
+from laminar.schedules.dispatch import Dispatch
 from laminar.schedules.schedule import Schedule
 
 

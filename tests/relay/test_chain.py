@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import ray
 
-from laminar.engine.weights import WeightLayout
+from laminar.engine.layout import WeightLayout
 from laminar.relay.chain import build_chain, relay_on_node
 from laminar.relay.publisher import WeightPublisher
 from laminar.relay.pull import pull_latest

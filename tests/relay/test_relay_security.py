@@ -180,7 +180,7 @@ def test_an_out_of_bounds_begin_claims_no_memory(pair, version, nbytes, chunk_by
 
 
 def test_a_layout_that_disagrees_with_the_size_is_refused(pair):
-    from laminar.engine.weights import WeightLayout
+    from laminar.engine.layout import WeightLayout
 
     master, victim, buf = pair
     sock = connect(victim)

@@ -23,7 +23,9 @@ TEXTS = [  # response i is TEXTS[i]: the power tower, then right answers
     r"\boxed{2^{1/2}}",
     r"\boxed{\sqrt{2}}",
 ]
-MAX_GAP_S = 0.5  # longest the caller's other threads may stand still
+# longest the caller's other threads may stand still: a reward holding the GIL in the caller's process stalled
+# them for 17 s; a loaded machine's scheduling, for well under a second
+MAX_GAP_S = 3.0
 
 
 def decode(ids: list[int]) -> str:
@@ -91,8 +93,9 @@ def check_killed_at_timeout(scorer: RewardScorer, trajs: list[Trajectory], store
     assert [t.reward for t in trajs] == [0.0, 1.0, 1.0, 1.0]
     [error] = scorer.drain_errors()
     assert error["traj_id"] == "0:0" and error["error_kind"] == "timeout"
-    # scored within a few seconds of its timeout (the first call also waits for the worker processes to start)
-    assert stored["0:0"] < scorer.timeout_s + 4.0
+    # scored within seconds of its timeout (the first call also waits for the worker processes to start, slower
+    # on a loaded machine), not when the reward would have ended by itself
+    assert stored["0:0"] < scorer.timeout_s + 8.0
     # the rewards submitted after it were scored while it ran, not after it was killed
     assert max(stored[f"{i}:0"] for i in (1, 2, 3)) < stored["0:0"]
     assert not workers_alive()

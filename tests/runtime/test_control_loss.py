@@ -18,7 +18,7 @@ from laminar.telemetry.audit import audit_run
 from laminar.train import train
 from tests.runtime.test_failures_and_repack import BASE, records_of
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 VICTIMS = ("prompt_pool", "partial_pool", "buffer", "manager")
 # One run kills each in turn, one a step from step 2; another kills all four at once after step 2. By then at

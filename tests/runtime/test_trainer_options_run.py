@@ -1,6 +1,6 @@
 """A short run with the trainer options on (KL reference, two mini-batches, dynamic sampling) on the three-node
 test cluster: what each reports, the audit still accounts for every trajectory, and TensorBoard's event files
-hold the step records' numbers."""
+hold the step records' numbers; the samples of each step as text."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from laminar.telemetry.audit import audit_run
 from tests.runtime.test_end_to_end import tiny_run_config
+from tests.telemetry.test_samples import SAMPLE_FIELDS, read_texts
 from tests.telemetry.test_tracking import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -28,6 +29,8 @@ def options_run(ray_cluster, tiny_model_dir, tmp_path_factory):
         "trainer.mini_batches=2",
         "trainer.filter_groups=true",
         "task.reward=tests.runtime.uneven_rewards:odd_first_digit_scores_zero",
+        "run.samples_every=1",
+        "run.samples_per_step=3",
     )
     summary = train(cfg, out, quiet=True)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -80,3 +83,17 @@ def test_tensorboard_holds_the_step_records_numbers_and_the_start_up_is_logged(o
     text = " | ".join(r["what"] for r in phases)
     for what in ("starting Ray", "starting the trainer", "KL reference", "3 rollout replicas", "first step"):
         assert what in text, text
+
+
+def test_each_step_writes_its_samples_as_text_to_the_run_folder_and_tensorboard(options_run):
+    out, _, _, trajectories = options_run
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in samples] == [s for s in (1, 2, 3, 4) for _ in range(3)]  # every step, 3 each
+    trained = {(r["trained_at"], r["traj_id"]): r for r in trajectories if not r.get("filtered")}
+    for row in samples:
+        assert set(row) == SAMPLE_FIELDS and row["prompt_text"]
+        saved = trained[(row["step"], row["traj_id"])]  # a trajectory the step trained on
+        for key in ("version", "replica", "reward", "finish_reason", "response_text"):
+            assert row[key] == saved[key], key
+    shown = [step for tag, texts in read_texts(out / "tensorboard").items() for step, _ in texts]
+    assert shown == [1, 2, 3, 4]

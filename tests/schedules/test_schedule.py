@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from laminar.config import load_config
-from laminar.manager.dispatch import Dispatch
 from laminar.schedules import NAMES, Schedule
+from laminar.schedules.dispatch import Dispatch
 
 SMALL = ["rollout.replicas=3", "rollout.groups_per_batch=2", "trainer.groups_per_step=8"]
 SMALL += ["buffer.capacity_groups=24", "schedule.staleness=2"]

@@ -203,7 +203,7 @@ def test_the_bench_replay_carries_every_field_of_the_runtime_workload():
     on): a field the simulator's config dropped would replay other rows than the run's."""
     import dataclasses
 
-    from laminar.data.lengths import LengthWorkload
+    from laminar.tasks.lengths import LengthWorkload
 
     w = LengthWorkload(
         median=97,

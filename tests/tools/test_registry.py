@@ -15,7 +15,9 @@ from laminar.tools.registry import (
 )
 from laminar.tools.sandbox import SandboxLimits, ToolResult
 
-LIMITS = SandboxLimits(cpu_s=1, wall_s=2, memory_mb=256)
+# wall_s well above what starting the sandboxed interpreter takes on a loaded machine (the tests of the wall
+# clock limit give their own)
+LIMITS = SandboxLimits(cpu_s=1, wall_s=20, memory_mb=256)
 
 
 def echo_tool(arguments: str, limits: SandboxLimits) -> ToolResult:

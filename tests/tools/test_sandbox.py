@@ -16,7 +16,9 @@ import pytest
 
 from laminar.tools.sandbox import SandboxLimits, SandboxPool, probe_isolation, run_code
 
-LIMITS = SandboxLimits(cpu_s=1, wall_s=2, memory_mb=256, max_procs=8)
+# wall_s well above what starting the sandboxed interpreter takes on a loaded machine (the tests of the wall
+# clock limit give their own)
+LIMITS = SandboxLimits(cpu_s=1, wall_s=20, memory_mb=256, max_procs=8)
 ISOLATION = probe_isolation()
 REPO = Path(__file__).resolve().parents[2]
 UID_BASE = 2_000_000_000  # runner.py's first uid of the code's own
@@ -38,7 +40,7 @@ def run_as_separate_caller(code: str, env: dict | None = None) -> subprocess.Com
         import json, os
         from laminar.tools.sandbox import SandboxLimits, run_code
         code = {code!r}.replace("CALLER", str(os.getpid()))
-        r = run_code(code, SandboxLimits(cpu_s=1, wall_s=3))
+        r = run_code(code, SandboxLimits(cpu_s=1, wall_s=20))
         with open("/proc/self/environ", "rb") as f:
             own_environ = f.read().decode(errors="replace")
         print(json.dumps({{"text": r.text, "reason": r.reason, "own_environ": own_environ}}))

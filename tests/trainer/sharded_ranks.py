@@ -29,7 +29,7 @@ def rank_main(rank: int, world: int, port: int, out: str, mode: str, ckpt: str) 
         publish(tr, Path(out) / "published.bin", rank)
         full = {k: v.full_tensor() for k, v in tr.model.state_dict().items()}
         if mode == "save":
-            tr.cfg.publish_dtype = "bfloat16"  # each rank's rows cast into one buffer, as on a GPU
+            tr.publish_dtype = "bfloat16"  # each rank's rows cast into one buffer, as on a GPU
             publish(tr, Path(out) / "published-bf16.bin", rank)
             # inf in rank 1's rows only: both ranks refuse to publish, naming the parameter
             nonfinite(tr, Path(out) / f"nonfinite{rank}.txt", rank)
@@ -45,7 +45,7 @@ def rank_main(rank: int, world: int, port: int, out: str, mode: str, ckpt: str) 
 
 def publish(tr, flat: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
     """What the runtime's publish does: every rank writes its rows into one flat file rank 0 made."""
-    from laminar.engine.weights import WeightLayout
+    from laminar.engine.layout import WeightLayout
     from laminar.relay.publisher import ShardWriter
 
     shards, flag = tr.publish_parts()
@@ -114,7 +114,7 @@ def algorithm_main(rank: int, world: int, port: int, out: str, name: str) -> Non
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        tr = Trainer(ALGORITHMS[name], model=model(), rank=rank, world=world)
+        tr = Trainer(**ALGORITHMS[name], model=model(), rank=rank, world=world)
         metrics = tr.train_step(batch())
         full = {k: v.full_tensor() for k, v in tr.model.state_dict().items()}
         if rank == 0:

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from laminar.config import ConfigError, load_config
+from laminar.config import ConfigError, RolloutConfig, TrainerConfig, load_config
 from laminar.trainer.grpo import GRPOConfig, advantages, grpo_loss
-from laminar.trainer.trainer import Trainer, TrainerConfig
+from laminar.trainer.trainer import Trainer
 from tests.trainer.test_trainer import make_groups, tiny_model
 
 # two groups: three samples, then two; each trajectory's trained tokens weigh REINFORCE++'s whitening
@@ -199,19 +199,20 @@ def test_run_config_names_the_field_and_the_valid_values(override, names):
 
 
 def test_run_config_reaches_the_trainer():
-    from laminar.runtime.trainer_group import trainer_config
+    from laminar.runtime.trainer_group import trainer_args
 
     cfg = load_config(
         None,
         ["trainer.advantage=rloo", "trainer.ratio=sequence", "trainer.loss_agg=seq_mean_token_mean"],
     )
-    grpo = trainer_config(cfg, "", cuda=False).grpo
+    grpo = Trainer(**trainer_args(cfg, "", cuda=False), model=tiny_model()).loss
     assert (grpo.advantage, grpo.ratio, grpo.loss_agg) == ("rloo", "sequence", "seq_mean_token_mean")
     assert grpo.norm_tokens == cfg.rollout.max_new_tokens
 
 
+# their `trainer.` fields; Dr.GRPO's constant is the longest response (`rollout.max_new_tokens`, 8 here)
 ALGORITHMS = {
-    "drgrpo": dict(advantage="drgrpo", loss_agg="seq_mean_token_sum_norm", norm_tokens=8),
+    "drgrpo": dict(advantage="drgrpo", loss_agg="seq_mean_token_sum_norm"),
     "gspo": dict(ratio="sequence", loss_agg="seq_mean_token_mean"),
     "rloo": dict(advantage="rloo"),
     "reinforce_pp": dict(advantage="reinforce_pp"),
@@ -225,10 +226,8 @@ def test_a_step_is_the_same_whatever_the_micro_batching(name):
     planner cuts between sequences, and the divisors are the mini-batch's."""
     params = []
     for size in (1, 64):
-        cfg = TrainerConfig(
-            lr=1e-2, micro_batch_size=size, mini_batches=2, grpo=GRPOConfig(**ALGORITHMS[name])
-        )
-        tr = Trainer(cfg, model=tiny_model())
+        cfg = TrainerConfig(lr=1e-2, micro_batch=size, mini_batches=2, **ALGORITHMS[name])
+        tr = Trainer(cfg, rollout=RolloutConfig(max_new_tokens=8), model=tiny_model())
         m = tr.train_step(make_groups(tr))
         assert m["updates"] == 2 and math.isfinite(m["loss"])
         params.append({k: v.clone() for k, v in tr.model.state_dict().items()})

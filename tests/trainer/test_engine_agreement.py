@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from laminar.config import RolloutConfig, TrainerConfig
 from laminar.data.records import Trajectory
 from laminar.engine import Engine, SamplingParams
-from laminar.trainer.grpo import GRPOConfig
-from laminar.trainer.trainer import Trainer, TrainerConfig
+from laminar.trainer.trainer import Trainer
 from tests.engine.test_truncated_sampling import reference_logprob
 
 
@@ -52,9 +52,7 @@ def test_trainer_logprobs_match_the_engine_and_weights_round_trip(tmp_path):
     engine = Engine.from_pretrained(tmp_path, max_num_seqs=8)
     trajs = sampled(engine, temperature)
 
-    trainer = Trainer(
-        TrainerConfig(model_path=str(tmp_path), threads=1, grpo=GRPOConfig(temperature=temperature))
-    )
+    trainer = Trainer(TrainerConfig(), str(tmp_path), rollout=RolloutConfig(temperature=temperature))
     for t, lp in zip(trajs, trainer.response_logprobs(trajs)):
         assert np.allclose(lp, t.logprobs, atol=1e-4), t.traj_id
     metrics = trainer.train_step([trajs[:3], trajs[3:]])
@@ -72,8 +70,8 @@ def test_trainer_and_engine_agree_under_top_k_and_top_p(tmp_path, top_k, top_p):
     model.save_pretrained(tmp_path)
     temperature = 0.7
     trajs = sampled(Engine.from_pretrained(tmp_path, max_num_seqs=8), temperature, top_k, top_p)
-    grpo = GRPOConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    trainer = Trainer(TrainerConfig(model_path=str(tmp_path), threads=1, grpo=grpo))
+    rollout = RolloutConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    trainer = Trainer(TrainerConfig(), str(tmp_path), rollout=rollout)
     cut_matters = 0.0
     for t, lp in zip(trajs, trainer.response_logprobs(trajs)):
         with torch.no_grad():

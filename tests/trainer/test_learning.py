@@ -5,14 +5,14 @@ import time
 import numpy as np
 import pytest
 
+from laminar.config import RolloutConfig, TrainerConfig
 from laminar.data.experience_buffer import ExperienceBuffer
 from laminar.data.prompt_pool import PromptPool
 from laminar.data.tasks import ReverseTask, TaskCodec
 from laminar.data.warmup import WarmupConfig, warmup
 from laminar.rewards.loader import DEFAULT_REWARD, RewardScorer
-from laminar.trainer.grpo import GRPOConfig
 from laminar.trainer.hf_rollout import generate_groups
-from laminar.trainer.trainer import Trainer, TrainerConfig
+from laminar.trainer.trainer import Trainer
 
 # The demo defaults (reported to the runtime): lr, group size, groups per step, temperature, max new tokens.
 LR, N, GROUPS, TEMPERATURE, STEPS = 3e-4, 8, 16, 1.0, 60
@@ -26,13 +26,9 @@ def test_grpo_raises_the_reward_of_the_warm_start(tmp_path):
     model_dir = warmup(tmp_path / "warm", WarmupConfig(), "reverse", log=False)
     codec = TaskCodec.from_dir(model_dir)
     trainer = Trainer(
-        TrainerConfig(
-            model_path=str(model_dir),
-            lr=LR,
-            threads=2,
-            micro_batch_size=N * GROUPS,
-            grpo=GRPOConfig(temperature=TEMPERATURE),
-        )
+        TrainerConfig(lr=LR, num_cpus=2, micro_batch=N * GROUPS),
+        str(model_dir),
+        rollout=RolloutConfig(temperature=TEMPERATURE),
     )
     pool = PromptPool(task.rows(5000, seed=7), codec.encode_prompt, n=N, seed=0)
     buffer = ExperienceBuffer(group_size=N)

@@ -9,27 +9,25 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from laminar.config import ConfigError, load_config
+from laminar.config import ConfigError, RolloutConfig, TrainerConfig, load_config
 from laminar.engine import Engine
-from laminar.trainer.grpo import GRPOConfig
 from laminar.trainer.lora import ADAPTER_DIR
 from laminar.trainer.state_files import OPTIMIZER_DIR, CheckpointError, check_tensors, load_trainer_state
-from laminar.trainer.trainer import Trainer, TrainerConfig
+from laminar.trainer.trainer import Trainer
 from tests.trainer.test_engine_agreement import sampled, tiny_model
 from tests.trainer.test_trainer import make_groups
 
 RANK, ALPHA, TEMPERATURE = 4, 8.0, 0.7
 
 
-def lora_config(base, **kw) -> TrainerConfig:
-    return TrainerConfig(
-        model_path=str(base),
-        lr=1e-2,
-        threads=1,
-        lora_rank=RANK,
-        lora_alpha=ALPHA,
-        grpo=GRPOConfig(temperature=TEMPERATURE),
-        **kw,
+def lora_trainer(base, compute_dtype: str = "", publish_dtype: str = "", **kw) -> Trainer:
+    """A LoRA trainer on `base`; `kw` are run config `trainer.` fields."""
+    return Trainer(
+        TrainerConfig(lr=1e-2, lora_rank=RANK, lora_alpha=ALPHA, **kw),
+        str(base),
+        rollout=RolloutConfig(temperature=TEMPERATURE),
+        compute_dtype=compute_dtype,
+        publish_dtype=publish_dtype,
     )
 
 
@@ -54,7 +52,7 @@ def merged_by_hand(tr: Trainer) -> dict[str, torch.Tensor]:
 
 
 def test_a_lora_step_trains_the_adapters_alone_and_publishes_the_merged_model(base):
-    tr = Trainer(lora_config(base))
+    tr = lora_trainer(base)
     start = {k: v.clone() for k, v in tr.model.state_dict().items()}
     for seed in range(2):  # B moves on the first step (A's gradient is 0 while B is), A on the second
         tr.train_step(make_groups(tr, seed=seed))
@@ -75,13 +73,13 @@ def test_a_lora_step_trains_the_adapters_alone_and_publishes_the_merged_model(ba
     assert not torch.equal(
         published["model.layers.0.mlp.up_proj.weight"], plain["model.layers.0.mlp.up_proj.weight"]
     )
-    tr.cfg.publish_dtype = "bfloat16"  # a bf16 engine's: the merged fp32 sum, cast once
+    tr.publish_dtype = "bfloat16"  # a bf16 engine's: the merged fp32 sum, cast once
     for k, v in tr.named_weights().items():
         assert torch.equal(v, want[k].to(torch.bfloat16)), k
 
 
 def test_the_engine_serves_the_merged_weights_with_the_trainers_log_probs(base):
-    tr = Trainer(lora_config(base))
+    tr = lora_trainer(base)
     for seed in range(2):
         tr.train_step(make_groups(tr, seed=seed))
     engine = Engine.from_pretrained(base, max_num_seqs=8)
@@ -95,7 +93,7 @@ def test_the_engine_serves_the_merged_weights_with_the_trainers_log_probs(base):
 
 
 def test_a_lora_checkpoint_is_the_adapters_and_resumes_exactly(base, tmp_path):
-    tr = Trainer(lora_config(base))
+    tr = lora_trainer(base)
     for seed in range(2):
         tr.train_step(make_groups(tr, seed=seed))
     ckpt = tr.save_checkpoint(tmp_path / "ckpt")
@@ -124,7 +122,7 @@ def test_a_lora_checkpoint_is_the_adapters_and_resumes_exactly(base, tmp_path):
     with torch.no_grad():
         assert torch.allclose(peft_model(ids).logits, served(ids).logits, atol=1e-5)
 
-    again = Trainer(lora_config(base))
+    again = lora_trainer(base)
     again.load_checkpoint(ckpt)
     assert again.version == 2
     groups = make_groups(tr, seed=5)
@@ -134,13 +132,13 @@ def test_a_lora_checkpoint_is_the_adapters_and_resumes_exactly(base, tmp_path):
         assert torch.equal(v, w), k
 
     with pytest.raises(CheckpointError, match="another model's checkpoint"):
-        Trainer(TrainerConfig(model_path=str(base), threads=1)).load_checkpoint(ckpt)
+        Trainer(TrainerConfig(), str(base)).load_checkpoint(ckpt)
 
 
 def test_laminar_export_of_a_lora_checkpoint_is_the_merged_model(base, tmp_path):
     from laminar.models.export import export
 
-    tr = Trainer(lora_config(base))
+    tr = lora_trainer(base)
     for seed in range(2):
         tr.train_step(make_groups(tr, seed=seed))
     tr.save_checkpoint(tmp_path / "ckpt")
@@ -159,18 +157,15 @@ def test_lora_options_are_checked_by_name(base):
     with pytest.raises(ConfigError, match="trainer.lora_target_modules"):
         load_config(None, ["trainer.lora_rank=4", "trainer.lora_target_modules=[]"])
     with pytest.raises(ValueError, match=r"trainer.lora_target_modules=\['c_attn'\].*named \[.*'q_proj'"):
-        Trainer(lora_config(base, lora_target_modules=["c_attn"]))
+        lora_trainer(base, lora_target_modules=["c_attn"])
 
-    from laminar.runtime.trainer_group import trainer_config
-
-    cfg = load_config(None, ["trainer.lora_rank=8", "trainer.lora_target_modules=[q_proj, v_proj]"])
-    t = trainer_config(cfg, "", cuda=False)
+    t = load_config(None, ["trainer.lora_rank=8", "trainer.lora_target_modules=[q_proj, v_proj]"]).trainer
     assert (t.lora_rank, t.lora_alpha, t.lora_target_modules) == (8, 16.0, ["q_proj", "v_proj"])
     assert load_config().trainer.lora_rank == 0  # full fine-tuning by default
 
 
 def test_all_linear_adapts_every_projection_but_the_output_layer(base):
-    tr = Trainer(lora_config(base, lora_target_modules=["all-linear"]))
+    tr = lora_trainer(base, lora_target_modules=["all-linear"])
     adapted = {n.split(".lora_")[0] for n, p in tr.model.named_parameters() if p.requires_grad}
     assert len(adapted) == 14 and not any("lm_head" in n for n in adapted)
 
@@ -179,7 +174,7 @@ def test_lora_with_a_bf16_compute_copy_keeps_the_adapters_master_in_fp32(base):
     """The single trainer's mixed precision (on CUDA by default): the bf16 copy runs forward and backward, its
     adapters' gradients go into the fp32 adapters the optimizer updates, and the copy takes them after each
     update; the publish merges from the fp32 master."""
-    tr = Trainer(lora_config(base, compute_dtype="bfloat16", publish_dtype="bfloat16"))
+    tr = lora_trainer(base, compute_dtype="bfloat16", publish_dtype="bfloat16")
     assert len(tr.master.pairs) == 28  # the adapters alone are trained and refreshed
     start = {k: v.clone() for k, v in tr.model.state_dict().items()}
     for seed in range(2):

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from laminar.config import ConfigError, load_config
 from laminar.trainer.trainer import NonFiniteError
 from tests.trainer.test_trainer import make_groups, make_trainer
 
@@ -60,13 +61,13 @@ def test_nonfinite_weights_are_never_published():
     with pytest.raises(NonFiniteError, match=r"'model.layers.0.self_attn.q_proj.weight' and 1 more"):
         tr.check_finite()
     assert tr.nonfinite_flags().sum() == 2
-    with pytest.raises(ValueError, match="trainer.max_nonfinite_steps=0"):
-        make_trainer(max_nonfinite_steps=0)
+    with pytest.raises(ConfigError, match="trainer.max_nonfinite_steps=0"):
+        load_config(None, ["trainer.max_nonfinite_steps=0"])
 
 
 def test_the_published_cast_is_checked_in_one_reduction_and_named_when_bad():
     tr = make_trainer()
-    tr.cfg.publish_dtype = "bfloat16"
+    tr.publish_dtype = "bfloat16"
     shards = tr.weight_shards(check=False)
     assert all(s.local.dtype == torch.bfloat16 for s in shards)
     tr.raise_nonfinite(tr.published_nonfinite(), summary=True)  # finite: nothing raised

@@ -14,14 +14,15 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from laminar.config import TrainerConfig
 from laminar.data.records import Trajectory
-from laminar.engine.weights import WeightLayout, flatten_into
-from laminar.trainer.grpo import GRPOConfig
-from laminar.trainer.trainer import Trainer, TrainerConfig
+from laminar.engine.layout import WeightLayout
+from laminar.engine.weights import flatten_into
+from laminar.trainer.trainer import Trainer
 from tests.trainer.sharded_ranks import rank_main
 
 # with a KL term: the reference is sharded too, and after a resume (policy != reference) it moves the step
-CFG = TrainerConfig(lr=1e-3, micro_batch_size=3, threads=1, mini_batches=2, grpo=GRPOConfig(kl_coef=0.5))
+CFG = TrainerConfig(lr=1e-3, micro_batch=3, mini_batches=2, kl_coef=0.5)
 VOCAB = 30
 
 

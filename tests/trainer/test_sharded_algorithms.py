@@ -8,32 +8,36 @@ import pytest
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from laminar.trainer.grpo import GRPOConfig
-from laminar.trainer.trainer import Trainer, TrainerConfig
+from laminar.config import RolloutConfig, TrainerConfig
+from laminar.trainer.trainer import Trainer
 from tests.trainer.sharded_ranks import algorithm_main
 from tests.trainer.test_sharded import batch, free_port, model
 
+# the trainer's arguments of each: its config, and for Dr.GRPO the longest response (its constant)
 ALGORITHMS = {
-    "gspo": TrainerConfig(
-        lr=1e-3,
-        micro_batch_size=3,
-        threads=1,
-        mini_batches=2,
-        grpo=GRPOConfig(ratio="sequence", loss_agg="seq_mean_token_mean", clip_low=0.01, clip_high=0.01),
+    "gspo": dict(
+        cfg=TrainerConfig(
+            lr=1e-3,
+            micro_batch=3,
+            mini_batches=2,
+            ratio="sequence",
+            loss_agg="seq_mean_token_mean",
+            clip_low=0.01,
+            clip_high=0.01,
+        )
     ),
-    "drgrpo": TrainerConfig(
-        lr=1e-3,
-        micro_batch_size=3,
-        threads=1,
-        mini_batches=2,
-        grpo=GRPOConfig(advantage="drgrpo", loss_agg="seq_mean_token_sum_norm", norm_tokens=20),
+    "drgrpo": dict(
+        cfg=TrainerConfig(
+            lr=1e-3, micro_batch=3, mini_batches=2, advantage="drgrpo", loss_agg="seq_mean_token_sum_norm"
+        ),
+        rollout=RolloutConfig(max_new_tokens=20),
     ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_two_ranks_take_the_same_step_as_one(name, tmp_path):
-    single = Trainer(ALGORITHMS[name], model=model())
+    single = Trainer(**ALGORITHMS[name], model=model())
     plan = single.plan([t.num_tokens for g in batch() for t in g])
     every = sorted(i for _, micro in plan for mb in micro for i in mb or [])
     assert every == list(range(20))  # each sequence in exactly one micro-batch, whole

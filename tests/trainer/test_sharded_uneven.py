@@ -12,13 +12,13 @@ import pytest
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from laminar.config import TrainerConfig
 from laminar.data.records import Trajectory
-from laminar.trainer.grpo import GRPOConfig
-from laminar.trainer.trainer import Trainer, TrainerConfig
+from laminar.trainer.trainer import Trainer
 from tests.trainer.sharded_ranks import uneven_main
 from tests.trainer.test_sharded import VOCAB, free_port, model
 
-UNEVEN_CFG = TrainerConfig(lr=1e-3, micro_batch_size=2, threads=1, grpo=GRPOConfig(kl_coef=0.5))
+UNEVEN_CFG = TrainerConfig(lr=1e-3, micro_batch=2, kl_coef=0.5)
 
 DEADLINE_S = 120  # a hang fails here (gloo's own timeout is set shorter in the ranks)
 

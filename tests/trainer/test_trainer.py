@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from laminar.config import TrainerConfig
 from laminar.data.records import Trajectory
-from laminar.trainer.grpo import GRPOConfig
-from laminar.trainer.trainer import ModelPathError, Trainer, TrainerConfig, check_model_dir
+from laminar.trainer.trainer import ModelPathError, Trainer, check_model_dir
 
 VOCAB = 14
 
@@ -45,8 +45,10 @@ def make_groups(trainer: Trainer, num_groups: int = 3, n: int = 4, seed: int = 0
     return groups
 
 
-def make_trainer(model=None, **kw) -> Trainer:
-    return Trainer(TrainerConfig(lr=1e-2, micro_batch_size=5, threads=1, **kw), model=model or tiny_model())
+def make_trainer(model=None, compute_dtype: str = "", publish_dtype: str = "", **kw) -> Trainer:
+    """A trainer of `tiny_model()`; `kw` are run config `trainer.` fields."""
+    cfg = TrainerConfig(lr=1e-2, micro_batch=5, **kw)
+    return Trainer(cfg, compute_dtype=compute_dtype, publish_dtype=publish_dtype, model=model or tiny_model())
 
 
 def test_train_step_reports_metrics_and_bumps_the_version():
@@ -68,9 +70,9 @@ def test_train_step_reports_metrics_and_bumps_the_version():
     assert any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
 
 
-def test_micro_batch_size_does_not_change_the_update():
+def test_micro_batch_does_not_change_the_update():
     a, b = make_trainer(), make_trainer()
-    b.cfg.micro_batch_size = 1
+    b.cfg.micro_batch = 1
     groups = make_groups(a)
     a.train_step(groups)
     b.train_step(groups)
@@ -100,7 +102,7 @@ def test_staleness_is_measured_against_the_consuming_version():
 
 
 def test_decoupled_ppo_with_tis_runs_and_reports_the_mismatch():
-    tr = make_trainer(grpo=GRPOConfig(proximal="trainer", is_correction="tis", is_cap=2.0), mini_batches=2)
+    tr = make_trainer(correction="tis", is_cap=2.0, mini_batches=2)
     groups = make_groups(tr)
     for g in groups:
         for t in g:
@@ -111,12 +113,13 @@ def test_decoupled_ppo_with_tis_runs_and_reports_the_mismatch():
     assert m["is_weight_mean"] == pytest.approx(2.0**0 * min(2.0, 1.3498588), abs=1e-3)
 
 
-@pytest.mark.parametrize("proximal", ["behaviour", "trainer"])
-def test_the_mismatch_is_split_into_same_weights_and_stale_weights(proximal):
+@pytest.mark.parametrize("correction", ["none", "tis"])
+def test_the_mismatch_is_split_into_same_weights_and_stale_weights(correction):
     """Trajectories of the trainer's own version, scored by it: numerical mismatch only (about 0 here). Those of
     an older version (their log-probs off by 0.5, standing for the drift): reported apart. With one update a
-    step and no proximal pass, later mini-batches are scored by updated weights: stale for every token."""
-    tr = make_trainer(grpo=GRPOConfig(proximal=proximal), mini_batches=1)
+    step and no proximal pass (no correction: the ratio is against the rollout's log-probs), later mini-batches
+    are scored by updated weights: stale for every token."""
+    tr = make_trainer(correction=correction, mini_batches=1)
     tr.train_step(make_groups(tr))  # version 1
     fresh = make_groups(tr, version=1)
     stale = make_groups(tr, seed=1, version=0)
@@ -127,10 +130,10 @@ def test_the_mismatch_is_split_into_same_weights_and_stale_weights(proximal):
     assert m["logprob_mismatch_same_weights"] < 1e-5
     assert m["logprob_mismatch_stale_weights"] == pytest.approx(0.5, abs=1e-4)
     assert "logprob_mismatch_stale_weights" not in tr.train_step(make_groups(tr, version=2))
-    two = make_trainer(grpo=GRPOConfig(proximal=proximal), mini_batches=2)
+    two = make_trainer(correction=correction, mini_batches=2)
     m2 = two.train_step(make_groups(two, num_groups=4))
     assert m2["logprob_mismatch_same_weights"] < 1e-5
-    if proximal == "behaviour":  # the second mini-batch is scored after the first update
+    if correction == "none":  # the second mini-batch is scored after the first update
         assert m2["logprob_mismatch_stale_weights"] > 0
     else:  # all scored by the pre-update weights
         assert "logprob_mismatch_stale_weights" not in m2
@@ -156,7 +159,7 @@ def test_checkpoint_round_trip_resumes_bit_exact(tmp_path):
 def test_load_from_a_checkpoint_dir_as_a_model(tmp_path):
     tr = make_trainer()
     tr.save_checkpoint(tmp_path / "m")
-    again = Trainer(TrainerConfig(model_path=str(tmp_path / "m"), threads=1))
+    again = Trainer(TrainerConfig(), str(tmp_path / "m"))
     assert all(
         torch.equal(a, b) for a, b in zip(tr.model.state_dict().values(), again.model.state_dict().values())
     )
@@ -182,7 +185,7 @@ def test_bad_model_paths_say_what_is_missing(tmp_path):
     with pytest.raises(ModelPathError, match="no weights.*model.safetensors"):
         check_model_dir(tmp_path)
     with pytest.raises(ModelPathError, match="no model path"):
-        Trainer(TrainerConfig(model_path=""))
+        Trainer(TrainerConfig(), "")
 
 
 def test_mismatched_logprobs_are_rejected():
@@ -194,7 +197,7 @@ def test_mismatched_logprobs_are_rejected():
 
 
 def test_kl_penalty_keeps_a_frozen_reference():
-    tr = make_trainer(grpo=GRPOConfig(kl_coef=0.1))
+    tr = make_trainer(kl_coef=0.1)
     ref_before = {k: v.clone() for k, v in tr.ref_model.state_dict().items()}
     tr.train_step(make_groups(tr))
     tr.train_step(make_groups(tr, seed=1))

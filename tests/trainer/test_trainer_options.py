@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from laminar.trainer.grpo import GRPOConfig, informative
-from laminar.trainer.trainer import Trainer, TrainerConfig
+from laminar.config import TrainerConfig
+from laminar.trainer.grpo import informative
+from laminar.trainer.trainer import Trainer
 from tests.trainer.test_trainer import make_groups, make_trainer, tiny_model
 
 
@@ -16,7 +17,7 @@ def weights(model) -> dict[str, torch.Tensor]:
 
 
 def test_the_reference_is_the_starting_policy_frozen_and_reported_as_kl():
-    tr = make_trainer(grpo=GRPOConfig(kl_coef=0.1))
+    tr = make_trainer(kl_coef=0.1)
     start = weights(tr.model)
     ref = tr.ref_model
     assert not ref.training and not any(p.requires_grad for p in ref.parameters())
@@ -32,7 +33,7 @@ def test_the_reference_is_the_starting_policy_frozen_and_reported_as_kl():
 
 def test_the_kl_term_pulls_the_update_towards_the_reference():
     """Same data and steps: with the penalty the policy ends closer to where it started."""
-    free, held = make_trainer(), make_trainer(grpo=GRPOConfig(kl_coef=5.0))
+    free, held = make_trainer(), make_trainer(kl_coef=5.0)
     start = weights(free.model)
     for seed in range(4):
         groups = make_groups(free, seed=seed)
@@ -48,8 +49,8 @@ def test_the_kl_term_pulls_the_update_towards_the_reference():
 def test_a_resumed_trainer_takes_its_reference_from_the_starting_weights_not_the_checkpoint(tmp_path):
     start_dir = tmp_path / "start"
     tiny_model().save_pretrained(start_dir)
-    cfg = TrainerConfig(model_path=str(start_dir), lr=1e-2, threads=1, grpo=GRPOConfig(kl_coef=0.1))
-    tr = Trainer(cfg)
+    cfg = TrainerConfig(lr=1e-2, kl_coef=0.1)
+    tr = Trainer(cfg, str(start_dir))
     tr.train_step(make_groups(tr))
     tr.train_step(make_groups(tr, seed=1))
     tr.save_checkpoint(tmp_path / "ckpt")
@@ -58,9 +59,9 @@ def test_a_resumed_trainer_takes_its_reference_from_the_starting_weights_not_the
         "trainer_state.safetensors",
     ]  # the policy and the optimizer; no reference copy
 
-    resumed = Trainer(cfg)
+    resumed = Trainer(cfg, str(start_dir))
     resumed.load_checkpoint(tmp_path / "ckpt")
-    initial = weights(Trainer(TrainerConfig(model_path=str(start_dir), threads=1)).model)
+    initial = weights(Trainer(TrainerConfig(), str(start_dir)).model)
     assert all(torch.equal(initial[k], v) for k, v in resumed.ref_model.state_dict().items())
     assert all(torch.equal(a, b) for a, b in zip(tr.model.parameters(), resumed.model.parameters()))
     groups = make_groups(tr, seed=2, version=2)
@@ -87,8 +88,7 @@ def test_a_group_with_equal_rewards_carries_no_signal():
 def test_on_cuda_the_reference_is_bf16_and_a_kl_step_runs(tmp_path):
     start_dir = tmp_path / "start"
     tiny_model().save_pretrained(start_dir)
-    grpo = GRPOConfig(kl_coef=0.1)
-    tr = Trainer(TrainerConfig(model_path=str(start_dir), lr=1e-2, threads=1, device="cuda", grpo=grpo))
+    tr = Trainer(TrainerConfig(lr=1e-2, kl_coef=0.1), str(start_dir), device="cuda")
     assert all(p.dtype == torch.bfloat16 and p.is_cuda for p in tr.ref_model.parameters())
     assert all(p.dtype == torch.float32 for p in tr.model.parameters())  # fp32 master weights
     tr.train_step(make_groups(tr))

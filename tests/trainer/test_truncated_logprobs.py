@@ -9,12 +9,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from laminar.config import ConfigError, load_config
+from laminar.config import ConfigError, RolloutConfig, load_config
 from laminar.trainer.logprobs import PolicyLogprobs, _ChunkedLogprob, chunked_logprobs, truncate
 from laminar.trainer.trainer import Trainer
 from tests.engine.test_truncated_sampling import SETTINGS, reference_kept, reference_logprob
 from tests.trainer.test_engine_agreement import tiny_model
 from tests.trainer.test_sharded import CFG, batch, free_port, model
+
+TRUNCATED = RolloutConfig(top_k=8, top_p=0.8)  # the rollout's cut, which the trainer's log-probs take too
 
 
 def reference_with_target(scaled_row: torch.Tensor, token: int, top_k: int, top_p: float) -> float:
@@ -100,11 +102,10 @@ def test_policy_logprobs_are_the_same_on_the_chunked_and_full_logits_paths(top_k
 
 
 def test_packed_rows_give_the_padded_truncated_logprobs_and_gradients():
-    cfg = replace(CFG, grpo=replace(CFG.grpo, top_k=8, top_p=0.8))
     trajs = [t for g in batch() for t in g]
     out = []
     for packing in ("off", "on"):
-        tr = Trainer(replace(cfg, packing=packing), model=model())
+        tr = Trainer(replace(CFG, packing=packing), rollout=TRUNCATED, model=model())
         assert tr.packed == (packing == "on")
         logp = tr._forward_logprobs(tr.policy, tr._collate(trajs, [1.0] * len(trajs)))
         (logp * torch.linspace(-1, 1, len(logp))).sum().backward()
@@ -114,15 +115,12 @@ def test_packed_rows_give_the_padded_truncated_logprobs_and_gradients():
     assert all(float((a - b).abs().max()) < 1e-5 for a, b in zip(grads_a, grads_b))
 
 
-TRUNCATED = replace(CFG, grpo=replace(CFG.grpo, top_k=8, top_p=0.8))
-
-
 def sharded_rank(rank: int, world: int, port: int, out: str) -> None:
     """One rank of a 2-rank gloo trainer under truncation (policy and KL reference sharded): one step, then the
     updated parameters from rank 0."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        tr = Trainer(TRUNCATED, model=model(), rank=rank, world=world)
+        tr = Trainer(CFG, rollout=TRUNCATED, model=model(), rank=rank, world=world)
         loss = tr.train_step(batch())["loss"]
         full = {k: v.full_tensor().contiguous() for k, v in tr.model.state_dict().items()}
         if rank == 0:
@@ -132,7 +130,7 @@ def sharded_rank(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_two_ranks_take_the_single_trainers_truncated_step(tmp_path):
-    single = Trainer(TRUNCATED, model=model())
+    single = Trainer(CFG, rollout=TRUNCATED, model=model())
     loss = single.train_step(batch())["loss"]
     mp.spawn(sharded_rank, args=(2, free_port(), str(tmp_path)), nprocs=2)
     sharded = load_file(str(tmp_path / "params.safetensors"))
@@ -142,12 +140,12 @@ def test_two_ranks_take_the_single_trainers_truncated_step(tmp_path):
 
 
 def test_the_rollouts_truncation_reaches_the_trainer():
-    from laminar.runtime.trainer_group import trainer_config
+    from laminar.runtime.trainer_group import trainer_args
 
-    grpo = trainer_config(
-        load_config(None, ["rollout.top_k=20", "rollout.top_p=0.8"]), "unused", cuda=False
-    ).grpo
-    assert (grpo.top_k, grpo.top_p) == (20, pytest.approx(0.8))
+    cfg = load_config(None, ["rollout.top_k=20", "rollout.top_p=0.8"])
+    tr = Trainer(**trainer_args(cfg, "", cuda=False), model=model())
+    assert (tr.loss.top_k, tr.loss.top_p) == (20, pytest.approx(0.8))
+    assert (tr.policy.top_k, tr.policy.top_p) == (20, pytest.approx(0.8))
     with pytest.raises(ConfigError, match="rollout.top_k"):
         load_config(None, ["rollout.top_k=-1"])
 

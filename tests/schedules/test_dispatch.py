@@ -1,6 +1,6 @@
-"""The dispatch rule the manager and the simulator both ask."""
+"""The dispatch rule of a schedule, which the manager and the simulator both ask."""
 
-from laminar.manager.dispatch import Dispatch
+from laminar.schedules.dispatch import Dispatch
 
 
 def test_laminar_rule_is_flow_control_only():
@@ -35,23 +35,6 @@ def test_stream_bound_keeps_every_group_within_k_versions():
     assert rule.quota(0, 1, dispatched=0, consumed=0) == 0  # old version: no new work
 
 
-def test_an_evaluation_is_split_into_one_share_per_replica_however_the_replicas_ask():
-    """One replica asking again and again takes a whole share each time (not half of what is left), so an
-    evaluation costs each replica about one request."""
-    import asyncio
-
-    from laminar.data.records import PromptGroup
-    from laminar.manager.dispatcher import Dispatcher
-    from laminar.manager.fleet import Fleet
-
-    d = Dispatcher(Fleet(t0=0.0), prompt_pool=None, dispatch=Dispatch(4, 24))
-    d.replicas = 2
-    d.submit_eval([PromptGroup(-1 - i, [1, 2], 1) for i in range(9)], min_version=3)
-    assert d._eval_work(0, version=2) == []  # too old for it
-    sizes = [len(asyncio.run(d.next_work(1, version=3))) for _ in range(2)]
-    assert sizes == [5, 4] and d.evals == []
-
-
 def test_max_lag_gives_new_work_only_to_replicas_close_to_the_trainer():
     """`schedule.max_lag` 0: a group starts on the trainer's newest version; the bound in trainer steps
     (3 batches of 8 outstanding) still holds; without `max_lag` any version may work."""
@@ -68,21 +51,3 @@ def test_max_lag_gives_new_work_only_to_replicas_close_to_the_trainer():
     assert built.max_lag == 0 and built.ahead is None
     assert Schedule.from_config(load_config(None, [])).dispatch.max_lag == 0  # the runtime's default
     assert Schedule.from_config(load_config(None, ["schedule.max_lag=-1"])).dispatch.max_lag is None
-
-
-def test_repack_gate_leaves_the_room_to_replicas_already_asking():
-    """Replicas refused until they pull (max_lag) take the room first: repack frees only what is left."""
-    import asyncio
-
-    from laminar.manager.dispatcher import Dispatcher
-    from laminar.manager.fleet import Fleet
-
-    rule = Dispatch(groups_per_batch=4, max_outstanding_groups=24, max_lag=0)
-    assert rule.replicas_with_work(dispatched=24, consumed=8, waiting=1) == 1
-    assert rule.replicas_with_work(dispatched=24, consumed=8, waiting=3) == 0
-    d = Dispatcher(Fleet(t0=0.0), prompt_pool=None, dispatch=rule)
-    d.trainer_update(version=2, consumed_groups=8)
-    d.dispatched_groups = 24
-    assert d.replicas_with_work() == 2
-    assert asyncio.run(d.next_work(0, version=1)) == []  # behind: refused, pulls and asks again
-    assert d.refused == {0} and d.replicas_with_work() == 1
