@@ -1,7 +1,7 @@
 """Shared fixtures: one Ray cluster per test process (three nodes on this machine, so one-relay-per-node and the
 chain are exercised), and a tiny random model directory with the demo task's tokenizer.
 
-`make test` runs the suite in several processes (pytest-xdist, `--dist loadfile`): a file's tests stay in one
+`make test` runs the suite in one process. Under pytest-xdist (`-n 3 --dist loadfile`) a file's tests stay in one
 process, so module fixtures (a whole run shared by its checks) are built once, and each process that runs a
 cluster test starts its own cluster on its own ports, shut down when that process ends."""
 
@@ -20,13 +20,6 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 # A node of the session cluster; test_machine_loss adds nodes back with the same arguments.
 WORKER_NODE = {"num_cpus": 4, "object_store_memory": 96 << 20, "node_ip_address": "127.0.0.1"}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files holding end-to-end tests (`slow`) first: under xdist their long runs start at once and the quick
-    files fill the gaps, instead of one long run starting last. Within a file the order is unchanged."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(scope="session")
