@@ -7,7 +7,7 @@ import sys
 
 COMMANDS = {
     ("train",): "laminar.train:main",
-    ("config",): "laminar.config:main",
+    ("config",): "laminar.show_config:main",
     ("warmup",): "laminar.data.warmup:main",
     ("bench", "engine"): "laminar.bench.engine:main",
     ("bench", "relay"): "laminar.bench.relay:main",

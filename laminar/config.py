@@ -706,29 +706,3 @@ def validate(cfg: Config) -> None:
         "0 (no samples) or a number of trainer steps",
     )
     _check(cfg.run.samples_per_step >= 1, "run.samples_per_step", cfg.run.samples_per_step, "at least 1")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`laminar config [CONFIG] [key=value ...]`: the resolved configuration as YAML (what `laminar train` with
-    the same arguments would run, and writes to RUN_DIR/config.yaml), and the reward it would score with."""
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(prog="laminar config", description=main.__doc__)
-    ap.add_argument("config", nargs="?", help="YAML config file (optional; defaults are the CPU demo)")
-    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-5")
-    args = ap.parse_args(argv)
-    config, overrides = args.config, list(args.overrides)
-    if config and "=" in config:  # only overrides were given
-        config, overrides = None, [config, *overrides]
-    try:
-        cfg = load_config(config, overrides)
-    except ConfigError as e:
-        print(f"laminar config: bad configuration: {e}", file=sys.stderr)
-        return 2
-    from laminar.rewards.stop import choose_reward
-
-    choice = choose_reward(cfg)
-    print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
-    print(f"# reward in use: {choice.path}: {choice.why}")
-    return 0
