@@ -76,10 +76,6 @@ class Fleet:
                 self.keys[r["key"]] = None
                 while len(self.keys) > KEYS_KEPT:
                     del self.keys[next(iter(self.keys))]
-        elif op == "amend":
-            i = r["n"] - self.events_from
-            if 0 <= i < len(self.events):
-                self.events[i].update(r["fields"])
         elif op == "ack":
             drop = max(0, min(r["upto"] - self.events_from, len(self.events)))
             del self.events[:drop]
@@ -146,12 +142,6 @@ class Fleet:
         record = {"kind": kind, "t": (time.time() if t is None else t) - self.t0, **fields}
         self.change("event", record=record, key=key)
         return record
-
-    def amend(self, record: dict[str, Any] | None, **fields: Any) -> None:
-        """More fields for an event not yet taken by the driver (`event`'s record)."""
-        n = next((i for i, e in enumerate(self.events) if e is record), None)
-        if n is not None:
-            self.change("amend", n=self.events_from + n, fields=fields)
 
     def take_events(self, acked: int) -> tuple[int, list[dict[str, Any]]]:
         """The events from number `acked` on (those before it are in the driver's log and go): the driver passes

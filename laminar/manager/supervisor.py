@@ -27,6 +27,7 @@ from laminar.relay.chain import build_chain
 
 log = logging.getLogger(__name__)
 UNREACHABLE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, TimeoutError)
+RELINK_TRIES = 3  # a relink that timed out is tried again this many times in all, a watch period apart
 
 
 class MachineLost(RuntimeError):
@@ -476,7 +477,8 @@ class Supervisor:
 
     # ---- relays ------------------------------------------------------------------------------------------
     async def _new_relay(self, node: str, master: bool = False) -> Any:
-        """A relay on `node`, linked into the chain: first if it is the master, else last."""
+        """A relay started on `node` and placed in the chain, first if it is the master, else last; the caller
+        relinks."""
         fleet = self.fleet
         self.change("relay_made", n=self.relays_made + 1)
         name = f"relay-{'master' if master else node[:6]}-r{self.relays_made}"  # unique within the run
@@ -493,7 +495,6 @@ class Supervisor:
             fleet.relay_of_node[node] = relay
             fleet.relays.append(relay)
         fleet.chain_changed()
-        await self.relink()
         return relay
 
     async def _replace_relay(self, dead: Any, replace: bool = True) -> None:
@@ -515,35 +516,66 @@ class Supervisor:
         await self._relay_lost(node, was_master, replace)
 
     async def _relay_lost(self, node: str | None, was_master: bool, replace: bool = True) -> None:
-        """A relay gone from the chain (already relinked out of `fleet`): counted, logged and, where its machine
-        is alive, replaced."""
+        """A relay gone from the chain (already relinked out of `fleet`): counted, and, where its machine is
+        alive, replaced. Its `failure` record is written once the outcome is known (`replaced`, and the `error`
+        that kept it from being replaced), so the log never says `replaced: false` of a relay that was."""
         fleet = self.fleet
         fleet.count("relays")
+        outcome: dict[str, Any] = {"replaced": False}
+        try:
+            if replace:
+                await self._replace_lost_relay(node, was_master, outcome)
+        except Exception as e:
+            outcome["error"] = repr(e)
+            raise
+        finally:
+            fleet.event("failure", what="relay", node=node, **outcome)
+
+    async def _replace_lost_relay(self, node: str | None, was_master: bool, outcome: dict[str, Any]) -> None:
+        fleet = self.fleet
         alive = node is not None and node in await asyncio.get_running_loop().run_in_executor(
             None, alive_nodes
         )
-        event = fleet.event("failure", what="relay", node=node, replaced=False)
-        if not replace:
-            return
-        if fleet.relays:
-            await self.relink()
+        if fleet.relays:  # the rest of the chain keeps flowing while the replacement starts
+            try:
+                await self._relink_retried()
+            except ray.exceptions.ActorDiedError:  # another relay died too: the watch replaces it next
+                pass
         if not alive:
             return
         try:
             relay = await self._new_relay(node, master=was_master)
         except MachineLost as e:  # the machine went with its relay; its replicas' replacements go elsewhere
-            fleet.amend(event, error=str(e))
+            outcome["error"] = str(e)
             return
-        fleet.amend(event, replaced=True)
-        if was_master:  # picked up by the trainer after its next step (a lost machine restarts the trainer)
-            return
-        await asyncio.gather(
-            *[
-                fleet.handles[rid].set_relay.remote(relay)
-                for rid, n in fleet.node_of_replica.items()
-                if n == node and fleet.handles.get(rid) is not None
-            ]
-        )
+        outcome["replaced"] = True
+        if not was_master:  # a master is picked up by the trainer after its next step
+            await asyncio.gather(
+                *[
+                    fleet.handles[rid].set_relay.remote(relay)
+                    for rid, n in fleet.node_of_replica.items()
+                    if n == node and fleet.handles.get(rid) is not None
+                ]
+            )
+        try:
+            await self._relink_retried()
+        except ray.exceptions.ActorDiedError as e:  # another relay died meanwhile: the watch replaces it next
+            outcome["relink_error"] = repr(e)
+
+    async def _relink_retried(self) -> None:
+        """`relink`, tried `RELINK_TRIES` times a watch period apart: a relink that timed out under load is not
+        the chain's loss. A relay that died meanwhile still fails it: the watch finds that one and replaces it."""
+        for attempt in range(1, RELINK_TRIES + 1):
+            try:
+                await self.relink()
+                return
+            except ray.exceptions.ActorDiedError:
+                raise
+            except (TimeoutError, ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as e:
+                if attempt == RELINK_TRIES:
+                    raise
+                log.warning("relinking the relay chain (try %d of %d): %r", attempt, RELINK_TRIES, e)
+                await asyncio.sleep(self.watch.heartbeat_s)
 
     async def relink(self) -> None:
         relays, timeout = list(self.fleet.relays), self.watch.timeout_s
@@ -567,6 +599,7 @@ class Supervisor:
         fleet.master_node = node
         fleet.chain_changed()
         await self._new_relay(node, master=True)
+        await self._relink_retried()
         return list(fleet.relays)
 
 

@@ -229,6 +229,9 @@ def test_a_killed_replica_and_killed_relays_lose_nothing(ray_cluster, tiny_model
     # the new master was given the trainer's version at once: the dead one may have taken it along, and
     # replicas behind the trainer (`schedule.max_lag` 0) get no new work until it is out
     assert [r["why"] for r in records if r["kind"] == "republish"] == ["a new master relay"]
+    # each relay's record says what became of it: both machines were alive, so both were replaced
+    relays = [r for r in records if r["kind"] == "failure" and r["what"] == "relay"]
+    assert len(relays) == 2 and all(r["replaced"] for r in relays), relays
 
 
 # A run that checkpoints every second step: what the stop-and-resume tests start, stop and resume.
