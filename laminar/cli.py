@@ -10,6 +10,7 @@ COMMANDS = {
     ("config",): "laminar.show_config:main",
     ("warmup",): "laminar.data.warmup:main",
     ("bench", "engine"): "laminar.bench.engine:main",
+    ("bench", "tp"): "laminar.bench.tensor_parallel:main",
     ("bench", "relay"): "laminar.bench.relay:main",
     ("bench", "schedules"): "laminar.bench.schedules:main",
     ("bench", "convergence"): "laminar.bench.convergence:main",
@@ -29,6 +30,7 @@ commands:
   config [CONFIG] [key=value ...]  print the resolved configuration (YAML) and the reward it scores with
   warmup [--out DIR]               build the demo's warm-start checkpoint (supervised warm-up)
   bench engine                     decode throughput by batch size vs Hugging Face generate
+  bench tp                         a tensor-parallel engine's decode step by degree and batch vs its HBM roofline
   bench relay                      weight propagation along the relay chain
   bench schedules                  every schedule on one length-controlled workload
   bench convergence CONFIG         time to each held-out accuracy of one job under several schedules and seeds

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from laminar.engine.config import ModelConfig
+
 # Real models' shapes (Hugging Face config fields), for throughput runs with random weights.
 SHAPES = {
     "smollm2-135m": dict(  # Llama architecture
@@ -54,6 +56,15 @@ SHAPES = {
         vocab_size=152064,
         tie_word_embeddings=False,
     ),
+    "qwen2.5-32b": dict(
+        hidden_size=5120,
+        num_hidden_layers=64,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        intermediate_size=27648,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
     "tiny": dict(
         hidden_size=256,
         num_hidden_layers=4,
@@ -75,6 +86,24 @@ def shape_config(shape: str, **extra: Any) -> Any:
     fields = dict(SHAPES[shape])
     kind = LlamaConfig if fields.pop("architecture", "qwen2") == "llama" else Qwen2Config
     return kind(**fields, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e6, **extra)
+
+
+def model_config(shape: str) -> ModelConfig:
+    """The engine's config of a named shape, without transformers (a GPU machine may have only torch): the same
+    fields `shape_config` gives Hugging Face, read by `ModelConfig.from_hf`."""
+    if shape not in SHAPES:
+        raise ValueError(f"shape {shape!r} is not one of {sorted(SHAPES)}")
+    fields = dict(SHAPES[shape])
+    kind = fields.pop("architecture", "qwen2")
+    return ModelConfig.from_hf(
+        {
+            **fields,
+            "model_type": kind,
+            "max_position_embeddings": 32768,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1e6,
+        }
+    )
 
 
 def write_random_model(shape: str, out: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:
