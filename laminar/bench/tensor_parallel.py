@@ -11,9 +11,9 @@ its shard of the weights as built (sharded matrices 1/N each; lm_head and norms 
 at the batch's rows, as in `laminar bench engine`) plus its KV heads' cache for every token the batch reads.
 
 The engine's decode path runs as it does in service: with one rank, CUDA graphs and pipelined steps (each step
-queued before the last one's tokens reach the host); with several, eager steps one at a time, since its
-all-reduces are not captured in graphs. `--eager` runs every degree eagerly, to tell the graphs' share from
-tensor parallelism's.
+queued before the last one's tokens reach the host); with several, eager steps one at a time unless
+`--tp-graphs` captures them, NCCL all-reduces included, in CUDA graphs as one rank's are. `--eager` runs every
+degree eagerly, to tell the graphs' share from tensor parallelism's.
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ def bench_batch(engine: Engine, tp: TimedTPGroup | None, batch: int, s: dict, pr
     dist.barrier()
     times = timed_steps(engine, s["steps"], s["device"])
     row = {"batch": batch, "step_ms_all": [1e3 * t for t in times], "step_ms": 1e3 * statistics.median(times)}
-    if tp is not None:
+    if tp is not None and not engine.runner.graphs:  # a graph's replay calls no all_reduce to time
         clock = tp.clock
         clock.reset()
         clock.on = True
@@ -305,7 +305,7 @@ def run_rank(rank: int, world: int, s: dict) -> dict | None:
     if not batches:
         return report if rank == 0 else None
     clock = AllReduceClock(cuda=dev.type == "cuda")
-    tp = TimedTPGroup(rank, world, clock=clock) if world > 1 else None
+    tp = TimedTPGroup(rank, world, graphs=s["tp_graphs"], clock=clock) if world > 1 else None
     t = time.perf_counter()
     engine = build_engine(s, cfg, tp, dev, max(batches), seq_len)
     report.update(
@@ -498,7 +498,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--steps", type=int, default=20, help="timed decode steps a batch size (the median counts)"
     )
-    p.add_argument("--eager", action="store_true", help="no CUDA graphs at any degree (TP>1 has none anyway)")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs at any degree")
+    p.add_argument(
+        "--tp-graphs",
+        action="store_true",
+        help="TP>1 captures its decode steps, all-reduces included, in graphs",
+    )
     p.add_argument(
         "--timeout", type=float, default=1800, help="seconds a degree may take before it is killed"
     )
@@ -527,7 +532,17 @@ def main(argv: list[str]) -> int:
     cfg = model_config(args.model)
     s = {
         k: getattr(args, k)
-        for k in ("model", "device", "dtype", "batch_sizes", "context", "warmup", "steps", "eager")
+        for k in (
+            "model",
+            "device",
+            "dtype",
+            "batch_sizes",
+            "context",
+            "warmup",
+            "steps",
+            "eager",
+            "tp_graphs",
+        )
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -555,6 +570,7 @@ def main(argv: list[str]) -> int:
             "warmup": args.warmup,
             "steps": args.steps,
             "eager": args.eager,
+            "tp_graphs": args.tp_graphs,
         },
         "model": args.model,
         "shape": {

@@ -99,8 +99,9 @@ class ModelRunner:
             )
             for _ in range(2)
         ]
-        # tensor parallel decodes eagerly for now: its all-reduces are not captured in the graphs
-        self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda" and tensor_parallel is None
+        # tensor parallel decodes eagerly unless its group asks for graphs (NCCL all-reduces captured in them)
+        graphs_here = tensor_parallel is None or tensor_parallel.graphs
+        self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda" and graphs_here
 
     @staticmethod
     def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -30,12 +30,14 @@ from laminar.engine.sequence import MovedKV
 @dataclass(frozen=True)
 class TPGroup:
     """This process's place among the ranks that run one engine together. `check`: every sampled token and
-    log-prob is compared across the ranks (two small all-reduces a step; tests and debugging)."""
+    log-prob is compared across the ranks (two small all-reduces a step; tests and debugging). `graphs`: decode
+    steps are captured in CUDA graphs with their NCCL all-reduces inside (off by default: eager steps)."""
 
     rank: int
     world: int
     group: dist.ProcessGroup | None = None  # None: the default process group
     check: bool = False
+    graphs: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world:
