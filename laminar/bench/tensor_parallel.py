@@ -11,9 +11,9 @@ its shard of the weights as built (sharded matrices 1/N each; lm_head and norms 
 at the batch's rows, as in `laminar bench engine`) plus its KV heads' cache for every token the batch reads.
 
 The engine's decode path runs as it does in service: with one rank, CUDA graphs and pipelined steps (each step
-queued before the last one's tokens reach the host); with several, eager steps one at a time unless
-`--tp-graphs` captures them, NCCL all-reduces included, in CUDA graphs as one rank's are. `--eager` runs every
-degree eagerly, to tell the graphs' share from tensor parallelism's.
+queued before the last one's tokens reach the host), and with several the same, NCCL all-reduces captured in the
+graphs; `--tp-eager` runs TP>1 eagerly, one step at a time, and `--eager` every degree, to tell the graphs'
+share from tensor parallelism's.
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ def run_rank(rank: int, world: int, s: dict) -> dict | None:
     if not batches:
         return report if rank == 0 else None
     clock = AllReduceClock(cuda=dev.type == "cuda")
-    tp = TimedTPGroup(rank, world, graphs=s["tp_graphs"], clock=clock) if world > 1 else None
+    tp = TimedTPGroup(rank, world, graphs=not s["tp_eager"], clock=clock) if world > 1 else None
     t = time.perf_counter()
     engine = build_engine(s, cfg, tp, dev, max(batches), seq_len)
     report.update(
@@ -500,9 +500,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--eager", action="store_true", help="no CUDA graphs at any degree")
     p.add_argument(
-        "--tp-graphs",
-        action="store_true",
-        help="TP>1 captures its decode steps, all-reduces included, in graphs",
+        "--tp-eager", action="store_true", help="TP>1 decodes eagerly (its all-reduces outside graphs)"
     )
     p.add_argument(
         "--timeout", type=float, default=1800, help="seconds a degree may take before it is killed"
@@ -541,7 +539,7 @@ def main(argv: list[str]) -> int:
             "warmup",
             "steps",
             "eager",
-            "tp_graphs",
+            "tp_eager",
         )
     }
     out = Path(args.out)
@@ -570,7 +568,7 @@ def main(argv: list[str]) -> int:
             "warmup": args.warmup,
             "steps": args.steps,
             "eager": args.eager,
-            "tp_graphs": args.tp_graphs,
+            "tp_eager": args.tp_eager,
         },
         "model": args.model,
         "shape": {

@@ -99,7 +99,7 @@ class ModelRunner:
             )
             for _ in range(2)
         ]
-        # tensor parallel decodes eagerly unless its group asks for graphs (NCCL all-reduces captured in them)
+        # tensor parallel captures its NCCL all-reduces in the graphs too, unless its group asks for eager steps
         graphs_here = tensor_parallel is None or tensor_parallel.graphs
         self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda" and graphs_here
 

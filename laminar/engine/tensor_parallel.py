@@ -30,14 +30,15 @@ from laminar.engine.sequence import MovedKV
 @dataclass(frozen=True)
 class TPGroup:
     """This process's place among the ranks that run one engine together. `check`: every sampled token and
-    log-prob is compared across the ranks (two small all-reduces a step; tests and debugging). `graphs`: decode
-    steps are captured in CUDA graphs with their NCCL all-reduces inside (off by default: eager steps)."""
+    log-prob is compared across the ranks (two small all-reduces a step; tests and debugging). `graphs`: on CUDA,
+    decode steps are captured in CUDA graphs with their NCCL all-reduces inside (5x faster than eager steps for
+    Qwen2.5-7B at TP=2, `results/tp-decode/`); False decodes eagerly."""
 
     rank: int
     world: int
     group: dist.ProcessGroup | None = None  # None: the default process group
     check: bool = False
-    graphs: bool = False
+    graphs: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world:
