@@ -245,11 +245,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--targets", help="accuracies whose first wall time is reported (default 0.5, or what DIR reported)"
     )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME=OVERRIDES",
+        help="instead of schedules: a run named NAME with these space-separated overrides (repeat for each; "
+        "e.g. --variant 'gspo=trainer.ratio=sequence trainer.loss_agg=seq_mean_token_mean')",
+    )
     ap.add_argument("--out", default="runs/convergence")
     ap.add_argument("--report", metavar="DIR", help="rebuild DIR's report from DIR/runs without training")
     args = ap.parse_args(argv)
     command = "laminar bench convergence " + " ".join(argv or [])
-    order = args.schedules.split(",")
+    try:
+        variants = dict(parse_variant(v) for v in args.variant or [])
+    except ValueError as e:
+        ap.error(str(e))
+    order = list(variants) if variants else args.schedules.split(",")
     try:
         targets = [float(x) for x in args.targets.split(",")] if args.targets else None
         seeds = [int(s) for s in args.seeds.split(",")]
@@ -291,12 +302,24 @@ def main(argv: list[str] | None = None) -> int:
         for name in order:
             run_dir = out / "runs" / name / f"seed-{seed}"
             shutil.rmtree(run_dir, ignore_errors=True)
-            seeded = [f"task.seed={seed}", f"run.seed={seed}", f"schedule.name={name}", f"run.out={run_dir}"]
+            what = variants[name] if variants else [f"schedule.name={name}"]
+            seeded = [f"task.seed={seed}", f"run.seed={seed}", *what, f"run.out={run_dir}"]
             train(load_config(args.config, [*args.overrides, *seeded]), run_dir)
             runs.setdefault(name, {})[seed] = run_dir
             md = write_report(out, runs, meta["targets"], meta)  # after each: a cut benchmark keeps what ran
     print(md, end="")
     return 0
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """`NAME=OVERRIDES` (`--variant`): the run's name and its space-separated dotted overrides."""
+    name, sep, rest = text.partition("=")
+    if not sep or not name or "/" in name or "." in name:
+        raise ValueError(
+            f"--variant {text!r}: expected NAME=OVERRIDES, a plain name then space-separated overrides, "
+            "e.g. 'drgrpo=trainer.advantage=drgrpo trainer.loss_agg=seq_mean_token_sum_norm'"
+        )
+    return name, rest.split()
 
 
 def _num(x: float | None, fmt: str = ".1f") -> str:

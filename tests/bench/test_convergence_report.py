@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from laminar.bench.convergence import accuracy_at, curve, main, time_to
+from laminar.bench.convergence import accuracy_at, curve, main, parse_variant, time_to
 
 FIRST_DISPATCH = 5.0  # run-relative time of the first dispatched prompt: wall times count from it
 
@@ -122,7 +122,19 @@ def test_bad_arguments_are_named(tmp_path, capsys):
         ([], "give the job's CONFIG"),
         (["job.yaml", "--seeds", "0,x"], "--seeds '0,x'"),
         (["--report", str(tmp_path), "--targets", "half"], "--targets 'half'"),
+        (["job.yaml", "--variant", "trainer.advantage"], "expected NAME=OVERRIDES"),
     ):
         with pytest.raises(SystemExit):
             main(args)
         assert says in capsys.readouterr().err
+
+
+def test_a_variant_is_a_name_and_its_overrides():
+    assert parse_variant("gspo=trainer.ratio=sequence  trainer.clip_low=3e-4") == (
+        "gspo",
+        ["trainer.ratio=sequence", "trainer.clip_low=3e-4"],
+    )
+    assert parse_variant("grpo=") == ("grpo", [])
+    for bad in ("grpo", "=trainer.lr=1", "a.b=trainer.lr=1"):
+        with pytest.raises(ValueError, match="NAME=OVERRIDES"):
+            parse_variant(bad)
