@@ -6,7 +6,7 @@
 # and the checksum. Runs land in runs/algorithms/runs/NAME; later calls on the warm machine add to them.
 #   bash configs/gpu-algorithms.sh grpo,drgrpo,gspo        then        bash configs/gpu-algorithms.sh rloo,reinforce_pp,lora
 set -uo pipefail
-out=${OUT:-runs/device-out}; dest=runs/algorithms
+out=${OUT:-runs/device-out}; dest=${ALG_OUT:-runs/algorithms}
 mkdir -p "$out"
 source configs/device-smollm2.sh || exit 1  # the environment, Ray, and SmolLM2 imported to /tmp/smol
 declare -A recipe=(

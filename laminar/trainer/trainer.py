@@ -206,6 +206,8 @@ class Trainer:
         `nonfinite` is set in the metrics.
         `max_nonfinite_steps` such steps in a row raise `NonFiniteError`."""
         t0 = time.perf_counter()
+        if self.device.type == "cuda":  # `peak_memory_gb`: this step's, not the run's
+            torch.cuda.reset_peak_memory_stats(self.device)
         for g in groups:
             for t in g:
                 if len(t.logprobs) != len(t.response_ids):
@@ -325,6 +327,10 @@ class Trainer:
             "idle_passes": int(sums.get("idle_passes", 0)),
             **({"kl": sums.get("kl_sum", 0.0) / n_tok} if self.ref_model is not None else {}),
             "step_time_s": time.perf_counter() - t0,
+            # this rank's most GPU memory allocated during the step (weights, optimizer, activations); 0 on CPU
+            "peak_memory_gb": torch.cuda.max_memory_allocated(self.device) / 2**30
+            if self.device.type == "cuda"
+            else 0.0,
             "nonfinite": nonfinite,
             "nonfinite_steps": self.nonfinite_steps,
             "reward_errors_in_batch": sum("reward_error" in t.meta for t in trajs),

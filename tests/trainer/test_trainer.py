@@ -67,6 +67,7 @@ def test_train_step_reports_metrics_and_bumps_the_version():
     )
     assert m["response_len_p50"] <= m["response_len_p90"] <= m["response_len_p99"] <= m["response_len_max"]
     assert m["step_time_s"] > 0
+    assert m["peak_memory_gb"] == 0.0  # measured on CUDA only
     assert any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
 
 
