@@ -112,7 +112,7 @@ class RolloutConfig:
 
 
 # the loss's options (laminar/trainer/grpo.py; README "Algorithms"), named as verl names them
-ADVANTAGES = ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+ADVANTAGES = ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 RATIOS = ("token", "sequence")
 # LoRA's default targets: the attention and MLP projections of Llama, Qwen and Mistral models
@@ -157,7 +157,12 @@ class TrainerConfig:
         False  # DAPO dynamic sampling: drop groups whose rewards are all equal, refill the step
     )
     filter_take_limit: int = 4  # filter_groups: take at most this many times groups_per_step groups a step
-    advantage: str = "grpo"  # ADVANTAGES: grpo | drgrpo | rloo | reinforce_pp | reinforce_pp_baseline
+    advantage: str = "grpo"  # ADVANTAGES: grpo | drgrpo | rloo | reinforce_pp | reinforce_pp_baseline | gae
+    # gae: PPO with a learned critic (a value model beside the policy, its own AdamW and checkpoint folder)
+    critic_lr: float = 1e-5
+    value_clip: float = 0.5  # the value loss's clip around the values the step started from
+    gae_gamma: float = 1.0
+    gae_lambda: float = 1.0
     loss_agg: str = "token_mean"  # LOSS_AGGS: token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
     ratio: str = "token"  # RATIOS: token | sequence (GSPO: one length-normalised ratio a sequence)
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank, the base frozen; 0 = full fine-tuning
@@ -586,6 +591,18 @@ def validate(cfg: Config) -> None:
         t.loss_agg,
         "seq_mean_token_mean with trainer.ratio=sequence (GSPO averages over sequences)",
     )
+    _check(
+        t.advantage != "gae" or t.num_workers == 1,
+        "trainer.advantage",
+        t.advantage,
+        "not gae with trainer.num_workers > 1 (the learned critic runs on one trainer rank)",
+    )
+    _check(t.critic_lr > 0, "trainer.critic_lr", t.critic_lr, "positive: the critic's AdamW learning rate")
+    _check(
+        t.value_clip > 0, "trainer.value_clip", t.value_clip, "positive: how far a value may move in a step"
+    )
+    _check(0 < t.gae_gamma <= 1, "trainer.gae_gamma", t.gae_gamma, "in (0, 1]: GAE's discount")
+    _check(0 <= t.gae_lambda <= 1, "trainer.gae_lambda", t.gae_lambda, "in [0, 1]: GAE's lambda")
     _check(t.lora_rank >= 0, "trainer.lora_rank", t.lora_rank, "0 (full fine-tuning) or the adapters' rank")
     _check(
         t.lora_rank == 0 or t.num_workers == 1,

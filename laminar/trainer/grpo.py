@@ -1,6 +1,7 @@
 """The policy-gradient loss: GRPO's group-normalised advantages and clipped loss (Clip-Higher, token-level
 mean, TIS/MIS), and the algorithms that differ from it in one term each (README "Algorithms"): the advantage
-(Dr.GRPO, RLOO, REINFORCE++), the aggregation over tokens (Dr.GRPO, GSPO) and the ratio (GSPO)."""
+(Dr.GRPO, RLOO, REINFORCE++), the aggregation over tokens (Dr.GRPO, GSPO) and the ratio (GSPO); and PPO's
+per-token advantages from a learned critic (`gae`, `value_loss`)."""
 
 from __future__ import annotations
 
@@ -126,6 +127,70 @@ def advantages(
     if kind.startswith("reinforce_pp"):
         out = _whiten(out, [torch.tensor(g, dtype=torch.float64) for g in lengths])
     return [a.tolist() for a in out]
+
+
+def gae(
+    rewards: list[float], values: list[list[float]], gamma: float = 1.0, lam: float = 1.0
+) -> tuple[list[list[float]], list[list[float]]]:
+    """PPO's per-token advantages and returns (GAE, arXiv 1506.02438) for each trajectory's trained tokens, its
+    outcome reward on the last one and 0 on the others: delta_t = r_t + gamma V_{t+1} - V_t (V after the last
+    token is 0), A_t = delta_t + gamma lam A_{t+1}, return_t = A_t + V_t. `values`: the critic's V(s_t), the
+    value of the state each trained token is emitted from. With gamma = lam = 1 (the defaults, as verl's) A_t is
+    r - V_t."""
+    advs, rets = [], []
+    for r, v in zip(rewards, values):
+        a, running = [0.0] * len(v), 0.0
+        for t in range(len(v) - 1, -1, -1):
+            nxt = v[t + 1] if t + 1 < len(v) else 0.0
+            delta = (r if t == len(v) - 1 else 0.0) + gamma * nxt - v[t]
+            running = delta + gamma * lam * running
+            a[t] = running
+        advs.append(a)
+        rets.append([x + y for x, y in zip(a, v)])
+    return advs, rets
+
+
+def whiten_tokens(advs: list[list[float]], eps: float = 1e-8) -> list[list[float]]:
+    """Every token's advantage less the batch's mean over tokens, over its standard deviation (PPO's usual
+    normalisation, verl's `masked_whiten`); a batch of one token is only centred."""
+    flat = torch.tensor([x for a in advs for x in a], dtype=torch.float64)
+    if flat.numel() == 0:
+        return advs
+    mean = flat.mean()
+    scale = torch.sqrt(flat.var(unbiased=True) + eps) if flat.numel() > 1 else torch.tensor(1.0)
+    out = ((flat - mean) / scale).tolist()
+    split, i = [], 0
+    for a in advs:
+        split.append(out[i : i + len(a)])
+        i += len(a)
+    return split
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    num_tokens: int | float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped value loss, 0.5 max((V - R)^2, (V_clipped - R)^2) with V_clipped within `clip` of the
+    step's starting values, summed over the trained tokens and divided by `num_tokens` (the mini-batch's, so
+    micro-batches add up to its token mean). Metrics are sums over this micro-batch's trained tokens."""
+    mask = mask.float()
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    per_token = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+    loss = (per_token * mask).sum() / max(float(num_tokens), 1.0)
+    with torch.no_grad():
+        metrics = {
+            "value_loss_sum": float((per_token * mask).sum()),
+            "value_sum": float((values * mask).sum()),
+            "return_sum": float((returns * mask).sum()),
+            "value_clipped_sum": float(
+                (((values - returns) ** 2 < (clipped - returns) ** 2).float() * mask).sum()
+            ),
+        }
+    return loss, metrics
 
 
 def _whiten(values: list[torch.Tensor], weights: list[torch.Tensor]) -> list[torch.Tensor]:

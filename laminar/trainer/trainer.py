@@ -21,7 +21,17 @@ from laminar.data.codec import copy_tokenizer_files
 from laminar.data.records import Trajectory
 from laminar.data.staleness import staleness
 from laminar.trainer import lora
-from laminar.trainer.grpo import LOSS_METRICS, GRPOConfig, advantages, grpo_loss
+from laminar.trainer.critic import DIR as CRITIC_DIR
+from laminar.trainer.critic import Critic
+from laminar.trainer.grpo import (
+    LOSS_METRICS,
+    GRPOConfig,
+    advantages,
+    gae,
+    grpo_loss,
+    value_loss,
+    whiten_tokens,
+)
 from laminar.trainer.logprobs import PolicyLogprobs
 from laminar.trainer.packing import supports_packing, use_packed_attention
 from laminar.trainer.state_files import (
@@ -122,6 +132,12 @@ class Trainer:
         # again from the same starting weights, so a checkpoint holds the policy alone. It runs forward only,
         # in bf16 on CUDA; a sharded trainer shards it as it shards the policy.
         self.ref_model = self._load_reference(model) if cfg.kl_coef > 0 else None
+        # PPO's learned critic (trainer.advantage=gae): a copy of the starting decoder with a value head
+        self.critic = (
+            Critic(model, cfg.critic_lr, cfg.weight_decay, cfg.max_grad_norm, self.device)
+            if cfg.advantage == "gae"
+            else None
+        )
         self.lora = cfg.lora_rank > 0
         if self.lora:
             if world > 1:
@@ -131,7 +147,7 @@ class Trainer:
         wanted = cfg.packing == "on" or (cfg.packing == "auto" and self.device.type == "cuda")
         self.packed = wanted and supports_packing(self.model)
         if self.packed:
-            for m in (self.model, self.ref_model):
+            for m in (self.model, self.ref_model, self.critic.model.decoder if self.critic else None):
                 if m is not None:
                     use_packed_attention(m)
         if cfg.activation_checkpointing:
@@ -218,15 +234,20 @@ class Trainer:
                     raise ValueError(
                         f"trajectory {t.traj_id}: loss mask of {len(t.loss_mask)} for {len(t.response_ids)} tokens"
                     )
-        advs = advantages(
-            [[t.reward for t in g] for g in groups],
-            [[t.num_trained_tokens for t in g] for g in groups],
-            self.loss.advantage,
-            self.loss.adv_eps,
-        )
         trajs = [t for g in groups for t in g]
-        adv_of = [a for ga in advs for a in ga]
         plan = self.plan([t.num_tokens for t in trajs])
+        old_values: dict[int, torch.Tensor] = {}
+        returns: dict[int, torch.Tensor] = {}
+        if self.critic is not None:  # PPO: per-token advantages from the critic's values before this step
+            adv_of, old_values, returns = self._gae(trajs, [mb for _, mbs in plan for mb in mbs])
+        else:
+            advs = advantages(
+                [[t.reward for t in g] for g in groups],
+                [[t.num_trained_tokens for t in g] for g in groups],
+                self.loss.advantage,
+                self.loss.adv_eps,
+            )
+            adv_of = [a for ga in advs for a in ga]
         proximal: dict[int, torch.Tensor] | None = None
         if self.loss.proximal == "trainer":
             proximal = self._logprobs_no_grad(trajs, [mb for _, mbs in plan for mb in mbs])
@@ -240,6 +261,8 @@ class Trainer:
             # the sequence-mean losses' divisor: the whole mini-batch's, as num_tokens (never a rank's share)
             num_seqs = sum(trajs[i].num_trained_tokens > 0 for i in mb_index)
             self.optimizer.zero_grad(set_to_none=True)
+            if self.critic is not None:
+                self.critic.zero_grad()
             mb_loss = torch.zeros((), dtype=torch.float64, device=self.device)
             for idx in micro:
                 if (
@@ -274,13 +297,29 @@ class Trainer:
                 mb_loss += loss.detach()
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + v
+                if self.critic is not None:
+                    v_loss, vm = value_loss(
+                        self.critic.values(batch),
+                        torch.cat([old_values[i] for i in idx]),
+                        torch.cat([returns[i] for i in idx]),
+                        batch["mask"],
+                        self.cfg.value_clip,
+                        num_tokens,
+                    )
+                    v_loss.backward()
+                    for k, v in vm.items():
+                        sums[k] = sums.get(k, 0.0) + v
             grad_norms.append(self._clip_grad_norm())
             losses.append(float(self._all_sum(mb_loss.reshape(1))[0]))
             if not (math.isfinite(losses[-1]) and math.isfinite(grad_norms[-1])):
                 self.optimizer.zero_grad(set_to_none=True)  # nothing of this batch reaches the weights
+                if self.critic is not None:
+                    self.critic.zero_grad()
                 nonfinite = True
                 break
             self.optimizer.step()
+            if self.critic is not None:
+                sums["value_grad_norm_sum"] = sums.get("value_grad_norm_sum", 0.0) + self.critic.step()
             if self.master is not None:
                 self.master.refresh()
             updates += 1
@@ -326,6 +365,7 @@ class Trainer:
             # a sharded trainer's filler passes (a rank with fewer micro-batches than the busiest), all ranks told
             "idle_passes": int(sums.get("idle_passes", 0)),
             **({"kl": sums.get("kl_sum", 0.0) / n_tok} if self.ref_model is not None else {}),
+            **(self._critic_metrics(sums, n_tok, updates) if self.critic is not None else {}),
             "step_time_s": time.perf_counter() - t0,
             # this rank's most GPU memory allocated during the step (weights, optimizer, activations); 0 on CPU
             "peak_memory_gb": torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -334,6 +374,44 @@ class Trainer:
             "nonfinite": nonfinite,
             "nonfinite_steps": self.nonfinite_steps,
             "reward_errors_in_batch": sum("reward_error" in t.meta for t in trajs),
+        }
+
+    @torch.no_grad()
+    def _gae(
+        self, trajs: list[Trajectory], micro: list[list[int] | None]
+    ) -> tuple[list[list[float]], dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """PPO's advantages for every response token (whitened over the batch's trained tokens), and the values
+        and returns the critic's loss needs, by trajectory index: the critic's values before this step, GAE over
+        the trained tokens (a tool's output is context: skipped, its tokens get advantage 0)."""
+        values: dict[int, torch.Tensor] = {}
+        for idx in micro:
+            if idx is not None:
+                v = self.critic.values(self._collate([trajs[i] for i in idx]))
+                for i, part in zip(idx, v.split([len(trajs[i].response_ids) for i in idx])):
+                    values[i] = part
+        order = sorted(values)
+        trained = [[j for j, m in enumerate(trajs[i].trained_mask) if m] for i in order]
+        v_trained = [[float(values[i][j]) for j in js] for i, js in zip(order, trained)]
+        a, r = gae([trajs[i].reward for i in order], v_trained, self.cfg.gae_gamma, self.cfg.gae_lambda)
+        a = whiten_tokens(a)
+        adv_of: list[list[float]] = [[0.0] * len(t.response_ids) for t in trajs]
+        returns: dict[int, torch.Tensor] = {}
+        for i, js, ai, ri in zip(order, trained, a, r):
+            ret = values[i].clone()  # untrained tokens: no loss (masked), their return is their value
+            for j, x, y in zip(js, ai, ri):
+                adv_of[i][j] = x
+                ret[j] = y
+            returns[i] = ret
+        return adv_of, values, returns
+
+    @staticmethod
+    def _critic_metrics(sums: dict[str, float], n_tok: float, updates: int) -> dict[str, float]:
+        return {
+            "value_loss": sums.get("value_loss_sum", 0.0) / n_tok,
+            "value_mean": sums.get("value_sum", 0.0) / n_tok,
+            "return_mean": sums.get("return_sum", 0.0) / n_tok,
+            "value_clip_frac": sums.get("value_clipped_sum", 0.0) / n_tok,
+            "value_grad_norm": sums.get("value_grad_norm_sum", 0.0) / max(updates, 1),
         }
 
     def _same_weights(self, trajs: list[Trajectory], unchanged: bool) -> torch.Tensor:
@@ -516,7 +594,9 @@ class Trainer:
                 size = width[i]
         return out
 
-    def _collate(self, trajs: list[Trajectory], advs: list[float] | None = None) -> dict[str, Any]:
+    def _collate(
+        self, trajs: list[Trajectory], advs: list[float | list[float]] | None = None
+    ) -> dict[str, Any]:
         """Packed (`self.packed`): one [1, T] row of all the sequences, with their positions and cumulative
         lengths. Otherwise right-padded [B, L] ids and mask. The rest is flat over the response tokens, in
         trajectory order (`mask` is 0 on a tool's output: context, never trained):
@@ -536,7 +616,7 @@ class Trainer:
             positions.append(torch.arange(b * width + p - 1, b * width + p - 1 + r))
             targets += t.response_ids
             behaviour += t.logprobs
-            adv += [advs[b] if advs is not None else 0.0] * r
+            adv += _token_advantages(advs, b, r)
             mask += t.trained_mask
         batch = {
             "ids": ids,
@@ -549,7 +629,9 @@ class Trainer:
         }
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
-    def _collate_packed(self, trajs: list[Trajectory], advs: list[float] | None) -> dict[str, Any]:
+    def _collate_packed(
+        self, trajs: list[Trajectory], advs: list[float | list[float]] | None
+    ) -> dict[str, Any]:
         ids, pos, positions, targets, behaviour, adv, mask, cu = [], [], [], [], [], [], [], [0]
         for b, t in enumerate(trajs):
             start, p, r = cu[-1], len(t.prompt_ids), len(t.response_ids)
@@ -558,7 +640,7 @@ class Trainer:
             positions += range(start + p - 1, start + p - 1 + r)
             targets += t.response_ids
             behaviour += t.logprobs
-            adv += [advs[b] if advs is not None else 0.0] * r
+            adv += _token_advantages(advs, b, r)
             mask += t.trained_mask
             cu.append(start + p + r)
         dev = self.device
@@ -742,6 +824,8 @@ class Trainer:
         else:
             save_sharded(self._model_tensors(), out, whole=True)
             save_sharded(moments, out / OPTIMIZER_DIR, whole=False)
+        if self.critic is not None:
+            self.critic.save(out / CRITIC_DIR)
         if self.rank == 0:
             if self.world > 1:
                 self.model.config.save_pretrained(out)
@@ -790,6 +874,8 @@ class Trainer:
             for i, n in enumerate(names)
         }
         self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        if self.critic is not None:
+            self.critic.load(path / CRITIC_DIR)
         if self.master is not None:
             self.master.refresh()
         self.version = int(meta["version"])
@@ -812,6 +898,14 @@ class Trainer:
             for kind in MOMENTS:
                 tensors[f"{kind}.{n}"] = st[kind] if kind in st else torch.zeros_like(p)
         return tensors, steps
+
+
+def _token_advantages(advs: list[float | list[float]] | None, b: int, r: int) -> list[float]:
+    """The advantage of each of sequence b's r response tokens: its one value repeated, or its per-token list."""
+    if advs is None:
+        return [0.0] * r
+    a = advs[b]
+    return list(a) if isinstance(a, list) else [a] * r
 
 
 class MasterWeights:
