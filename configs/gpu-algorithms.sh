@@ -16,6 +16,7 @@ declare -A recipe=(
   [rloo]="trainer.advantage=rloo"
   [reinforce_pp]="trainer.advantage=reinforce_pp_baseline"
   [lora]="trainer.lora_rank=32 trainer.lora_alpha=64 trainer.lr=2e-4"
+  [ppo]="trainer.advantage=gae trainer.critic_lr=1e-5"
 )
 variants=()
 for name in ${1//,/ }; do variants+=(--variant "$name=${recipe[$name]}"); done
