@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from laminar.tasks.task import Row, Task
+from laminar.tasks.task import parse_levels as levels_setting
 
 DATA_SOURCE = "arith"
 INSTRUCTION = "Put the final answer in \\boxed{}."
@@ -145,17 +146,8 @@ GENERATORS: dict[int, Callable[[random.Random], Problem]] = {
 
 
 def parse_levels(text: str | int) -> tuple[int, ...]:
-    """`task.arith_levels`: comma-separated level numbers, e.g. "1,2" or "2"."""
-    try:
-        levels = tuple(int(p) for p in str(text).split(",") if p.strip())
-    except ValueError:
-        levels = ()
-    if not levels or any(lv not in LEVELS for lv in levels):
-        raise ValueError(
-            f"task.arith_levels={text!r}: expected comma-separated levels from {sorted(LEVELS)} "
-            f"(e.g. '1,2'); levels: " + "; ".join(f"{k}: {v}" for k, v in LEVELS.items())
-        )
-    return levels
+    """`task.arith_levels`: comma-separated level numbers, e.g. "1,2" or "2" (`laminar.tasks.task.parse_levels`)."""
+    return levels_setting(text, "task.arith_levels", LEVELS)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from laminar.tasks.task import Example, Row, Task, WarmStart
+from laminar.tasks.task import parse_levels as levels_setting
 
 DATA_SOURCE = "chain"
 INSTRUCTION = "Write one line per step with its result, then put the final number in \\boxed{}."
@@ -136,17 +137,8 @@ def draw(rng: random.Random, level: int, steps: int) -> Problem:
 
 
 def parse_levels(text: str | int) -> tuple[int, ...]:
-    """`task.chain_levels`: comma-separated level numbers, e.g. "1,2"."""
-    try:
-        levels = tuple(int(p) for p in str(text).split(",") if p.strip())
-    except ValueError:
-        levels = ()
-    if not levels or any(lv not in LEVELS for lv in levels):
-        raise ValueError(
-            f"task.chain_levels={text!r} is invalid: comma-separated levels from {sorted(LEVELS)} (e.g. '1,2'); "
-            + "; ".join(f"{k}: {v.about}" for k, v in LEVELS.items())
-        )
-    return levels
+    """`task.chain_levels`: comma-separated level numbers, e.g. "1,2" or "2" (`laminar.tasks.task.parse_levels`)."""
+    return levels_setting(text, "task.chain_levels", {k: v.about for k, v in LEVELS.items()})
 
 
 def problems(

@@ -20,6 +20,21 @@ Example = tuple[list[int], list[int]]  # a demonstration's token ids and the los
 HELD_OUT_SEED = 1_000_003
 
 
+def parse_levels(text: str | int, field: str, levels: dict[int, str]) -> tuple[int, ...]:
+    """A task's levels setting (`field`, e.g. task.arith_levels): comma-separated level numbers such as "1,2" or 2,
+    each a key of `levels` (level -> what it is, named in the error)."""
+    try:
+        chosen = tuple(int(p) for p in str(text).split(",") if p.strip())
+    except ValueError:
+        chosen = ()
+    if not chosen or any(lv not in levels for lv in chosen):
+        raise ValueError(
+            f"{field}={text!r}: expected comma-separated levels from {sorted(levels)} (e.g. '1,2'); levels: "
+            + "; ".join(f"{k}: {v}" for k, v in levels.items())
+        )
+    return chosen
+
+
 @dataclass(frozen=True)
 class WarmStart:
     """How `laminar warmup --task NAME` makes the task's starting model: a short supervised run on
