@@ -518,18 +518,19 @@ class Supervisor:
     async def _relay_lost(self, node: str | None, was_master: bool, replace: bool = True) -> None:
         """A relay gone from the chain (already relinked out of `fleet`): counted, and, where its machine is
         alive, replaced. Its `failure` record is written once the outcome is known (`replaced`, and the `error`
-        that kept it from being replaced), so the log never says `replaced: false` of a relay that was."""
+        that kept it from being replaced), so the log never says `replaced: false` of a relay that was; its time
+        is when the loss was found."""
         fleet = self.fleet
         fleet.count("relays")
-        outcome: dict[str, Any] = {"replaced": False}
+        found, outcome = time.time(), {"replaced": False}
         try:
             if replace:
                 await self._replace_lost_relay(node, was_master, outcome)
         except Exception as e:
             outcome["error"] = repr(e)
             raise
-        finally:
-            fleet.event("failure", what="relay", node=node, **outcome)
+        finally:  # timed when it was found, not when the replacement was done
+            fleet.event("failure", t=found, what="relay", node=node, **outcome)
 
     async def _replace_lost_relay(self, node: str | None, was_master: bool, outcome: dict[str, Any]) -> None:
         fleet = self.fleet
