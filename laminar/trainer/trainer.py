@@ -133,6 +133,8 @@ class Trainer:
         # in bf16 on CUDA; a sharded trainer shards it as it shards the policy.
         self.ref_model = self._load_reference(model) if cfg.kl_coef > 0 else None
         # PPO's learned critic (trainer.advantage=gae): a copy of the starting decoder with a value head
+        if cfg.advantage == "gae" and world > 1:
+            raise ValueError("trainer.advantage=gae needs one trainer rank (trainer.num_workers=1)")
         self.critic = (
             Critic(model, cfg.critic_lr, cfg.weight_decay, cfg.max_grad_norm, self.device)
             if cfg.advantage == "gae"
