@@ -156,7 +156,7 @@ class Supervisor:
             fleet.relay_names[relay._actor_id] = name
             fleet.relays.append(relay)
         fleet.chain_changed()
-        # Layouts are engine objects: every relay imports the engine now, not during the first publish.
+        # every relay answers before the chain is linked through them
         await _within("relays ready", [factory.ready(r) for r in fleet.relays], t, "")
         await self.relink()
         await _within(

@@ -29,6 +29,13 @@ from laminar.journal import Journal
 RESTARTS = {"max_restarts": -1, "max_task_retries": -1}
 
 
+def process_id(_actor: Any) -> int:
+    """A control actor's process, asked through `__ray_call__` to tell a restart. It lives in this light module,
+    which the control actors load anyway: Ray imports the module of a function it sends, and one from the driver's
+    modules would load torch into every control actor."""
+    return os.getpid()
+
+
 class JournaledPromptPool:
     """The prompt pool. `next_groups` answers each request of an asker once: the same request again (the
     manager's call retried, or made again by its own restarted self) gets the same groups."""

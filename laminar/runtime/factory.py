@@ -55,10 +55,6 @@ def sweep(namespace: str, keep: set[str] = frozenset()) -> list[str]:
     return gone
 
 
-def import_engine(_actor: Any) -> None:
-    import laminar.engine.weights  # noqa: F401
-
-
 class EngineRecipe:
     """Picklable recipe for a replica's engine, built inside the replica's process."""
 
@@ -235,5 +231,6 @@ class Factory:
 
     @staticmethod
     def ready(relay: Any) -> Any:
-        """Resolves once the relay is up with the engine imported (layouts are engine objects)."""
-        return relay.__ray_call__.remote(import_engine)
+        """Resolves once the relay is up. A relay never loads torch: the layout it reads is plain Python
+        (`laminar.engine.layout`)."""
+        return relay.ping.remote()

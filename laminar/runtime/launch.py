@@ -6,7 +6,6 @@ relay on every node that hosts rollouts, chained master first; each replica pull
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from laminar.manager.manager import RolloutFailure, RolloutManager
 from laminar.relay.relay import RelaySettings
 from laminar.rewards.stop import FailingRewards
 from laminar.runtime.checkpoint import checkpoint_version, restore_checkpoint, write_checkpoint
-from laminar.runtime.control import RESTARTS, BufferActor, PartialPoolActor, PromptPoolActor
+from laminar.runtime.control import RESTARTS, BufferActor, PartialPoolActor, PromptPoolActor, process_id
 from laminar.runtime.evaluation import Evaluator
 from laminar.runtime.factory import BUFFER, Factory, run_namespace, sweep, use_cuda
 from laminar.runtime.trainer_group import TrainerGroup, trainer_args
@@ -57,10 +56,6 @@ def eval_rows(cfg: Config) -> list[dict[str, Any]]:
 
 JOURNAL = "journal"  # the control actors' journals, in the run folder (`laminar.journal`)
 CONTROL = ("prompt_pool", "partial_pool", "buffer", "manager")  # restarted by Ray when lost
-
-
-def _pid(_actor: Any) -> int:
-    return os.getpid()
 
 
 def _node_of(_actor: Any) -> str:
@@ -317,7 +312,9 @@ class Runtime:
         its restarted self replayed its journal) is a `failure` record; one that cannot answer is the end."""
         for name in CONTROL:
             try:
-                pid = ray.get(getattr(self, name).__ray_call__.remote(_pid), timeout=self.cfg.run.timeout_s)
+                pid = ray.get(
+                    getattr(self, name).__ray_call__.remote(process_id), timeout=self.cfg.run.timeout_s
+                )
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
                 raise RolloutFailure(
                     f"the {name.replace('_', ' ')} died and could not be restarted ({type(e).__name__}; its "

@@ -14,6 +14,7 @@ import ray
 
 from laminar.config import load_config
 from laminar.data.records import group_of
+from laminar.runtime.control import process_id
 from laminar.telemetry.audit import audit_run
 from laminar.train import train
 from tests.runtime.test_failures_and_repack import BASE, records_of
@@ -26,10 +27,6 @@ VICTIMS = ("prompt_pool", "partial_pool", "buffer", "manager")
 # out after the kills, through the restarted actors.
 STEPS = 8
 KILL_AT = {2 + i: name for i, name in enumerate(VICTIMS)}
-
-
-def _pid(_actor) -> int:
-    return os.getpid()
 
 
 def _config(model_dir):
@@ -50,7 +47,7 @@ def _config(model_dir):
 
 def _kill(rt, names) -> dict[str, float]:
     """kill -9 of each named control actor's process; returns when (the run's clock)."""
-    pids = [ray.get(getattr(rt, name).__ray_call__.remote(_pid), timeout=30) for name in names]
+    pids = [ray.get(getattr(rt, name).__ray_call__.remote(process_id), timeout=30) for name in names]
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     return dict.fromkeys(names, time.time() - rt.recorder.t0)

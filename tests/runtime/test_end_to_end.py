@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections import defaultdict
 
 import pytest
+import ray
 
 from laminar.config import load_config
+from laminar.runtime.launch import CONTROL
 from laminar.telemetry.provenance import code_digest
 from laminar.train import train
 
@@ -46,13 +49,31 @@ def laminar_run(ray_cluster, tiny_model_dir, tmp_path_factory):
     cfg = tiny_run_config(
         tiny_model_dir, out, "eval.every=2", "eval.num_prompts=6", "eval.targets=[0.0, 1.1]"
     )
-    summary = train(cfg, out)
+    torch_in: dict[str, bool] = {}
+
+    def look(rt, m) -> None:  # which processes hold torch, midway through the run
+        if m["version"] == 2:
+            actors = {name: getattr(rt, name) for name in CONTROL} | {
+                f"relay {i}": r for i, r in enumerate(rt.relays)
+            }
+            # a lambda travels by value: a function of this module would import the module, and torch with it
+            probe = [a.__ray_call__.remote(lambda _: "torch" in sys.modules) for a in actors.values()]
+            torch_in.update(zip(actors, ray.get(probe, timeout=30)))
+
+    summary = train(cfg, out, hook=look)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return out, summary, records
+    return out, summary, records, torch_in
+
+
+def test_the_control_actors_and_relays_never_load_torch(laminar_run):
+    """They move records and bytes: torch (a second of CPU and 300 MB each) is for the trainer and replicas."""
+    torch_in = laminar_run[3]
+    assert len(torch_in) == len(CONTROL) + 3, torch_in  # the master relay and one on each worker machine
+    assert not any(torch_in.values()), torch_in
 
 
 def test_run_folder_has_everything(laminar_run):
-    out, summary, _ = laminar_run
+    out, summary, _ = laminar_run[:3]
     for name in (
         "config.yaml",
         "metrics.jsonl",
@@ -90,7 +111,7 @@ def test_run_folder_has_everything(laminar_run):
 
 
 def test_every_trajectory_has_one_version_and_nothing_is_lost_or_trained_twice(laminar_run):
-    _, summary, records = laminar_run
+    _, summary, records = laminar_run[:3]
     steps = [r for r in records if r["kind"] == "step"]
     trained = [tid for r in steps for tid in r["traj_versions"]]
     assert len(trained) == len(set(trained)) == 4 * 2 * 4
@@ -102,7 +123,7 @@ def test_every_trajectory_has_one_version_and_nothing_is_lost_or_trained_twice(l
 
 
 def test_versions_on_each_replica_never_go_back_and_staleness_is_recorded(laminar_run):
-    _, summary, records = laminar_run
+    _, summary, records = laminar_run[:3]
     seen = defaultdict(list)
     for r in records:
         if r["kind"] == "replica":
@@ -137,7 +158,7 @@ def test_resume_from_a_checkpoint_file_replaced_by_a_pickle_runs_nothing(
 
     from laminar.train import main
 
-    out, _, _ = laminar_run
+    out, _, _ = laminar_run[:3]
     run = tmp_path / "run"
     shutil.copytree(out, run)
     config_before = (run / "config.yaml").read_text()
@@ -223,7 +244,7 @@ def test_a_tampered_checkpoint_is_one_line_before_anything_starts(
         raise AssertionError("the resumed run started")
 
     monkeypatch.setattr("laminar.train.train", started)
-    out, _, _ = laminar_run
+    out, _, _ = laminar_run[:3]
     run = tmp_path / "run"
     shutil.copytree(out, run)
     metrics = (run / "metrics.jsonl").read_bytes()
@@ -241,7 +262,7 @@ def test_laminar_audit_passes_on_the_run_and_agrees_with_the_summary(laminar_run
     from laminar.cli import main
     from laminar.telemetry.audit import audit_run
 
-    out, summary, records = laminar_run
+    out, summary, records = laminar_run[:3]
     assert [r["kind"] for r in records if r["kind"] in ("segment", "end")] == ["segment", "end"]
     assert main(["audit", str(out)]) == 0, capsys.readouterr().out
     assert capsys.readouterr().out.strip().endswith("ok")
@@ -252,7 +273,7 @@ def test_laminar_audit_passes_on_the_run_and_agrees_with_the_summary(laminar_run
 
 
 def test_held_out_evaluation_runs_beside_training_and_is_never_trained_on(laminar_run):
-    out, summary, records = laminar_run
+    out, summary, records = laminar_run[:3]
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["version"] for r in evals] == [0, 2, 4]
     for r in evals:
