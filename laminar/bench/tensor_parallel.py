@@ -41,7 +41,7 @@ from laminar.engine.config import ModelConfig, SamplingParams
 from laminar.engine.engine import Engine
 from laminar.engine.model_runner import ModelRunner
 from laminar.engine.random_model import SHAPES, model_config
-from laminar.engine.tensor_parallel import TPGroup, check_degree, local_config
+from laminar.engine.tensor_parallel import ALLREDUCE, TPGroup, check_degree, local_config
 from laminar.telemetry.provenance import code_digest
 
 BLOCK_SIZE = 16
@@ -305,7 +305,11 @@ def run_rank(rank: int, world: int, s: dict) -> dict | None:
     if not batches:
         return report if rank == 0 else None
     clock = AllReduceClock(cuda=dev.type == "cuda")
-    tp = TimedTPGroup(rank, world, graphs=not s["tp_eager"], clock=clock) if world > 1 else None
+    tp = (
+        TimedTPGroup(rank, world, graphs=not s["tp_eager"], allreduce=s.get("allreduce", "nccl"), clock=clock)
+        if world > 1
+        else None
+    )
     t = time.perf_counter()
     engine = build_engine(s, cfg, tp, dev, max(batches), seq_len)
     report.update(
@@ -503,6 +507,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--tp-eager", action="store_true", help="TP>1 decodes eagerly (its all-reduces outside graphs)"
     )
     p.add_argument(
+        "--allreduce",
+        choices=ALLREDUCE,
+        default="nccl",
+        help="TP>1's all-reduce: NCCL, or a one-shot through symmetric memory on CUDA (`TPGroup`)",
+    )
+    p.add_argument(
         "--timeout", type=float, default=1800, help="seconds a degree may take before it is killed"
     )
     p.add_argument("--out", default="runs/tp")
@@ -540,6 +550,7 @@ def main(argv: list[str]) -> int:
             "steps",
             "eager",
             "tp_eager",
+            "allreduce",
         )
     }
     out = Path(args.out)
@@ -569,6 +580,7 @@ def main(argv: list[str]) -> int:
             "steps": args.steps,
             "eager": args.eager,
             "tp_eager": args.tp_eager,
+            "allreduce": args.allreduce,
         },
         "model": args.model,
         "shape": {

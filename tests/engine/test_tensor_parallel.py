@@ -199,3 +199,9 @@ def test_one_rank_is_the_plain_engine():
     assert e.tp is None and e.shard_config is cfg and e.runner.shard == (0, 1)
     with pytest.raises(ValueError, match="rank=1, world=1"):
         TPGroup(1, 1)
+
+
+def test_an_unknown_all_reduce_is_a_clear_error():
+    with pytest.raises(ValueError, match="allreduce='mpi': expected one of nccl, symm"):
+        TPGroup(0, 2, allreduce="mpi")
+    assert TPGroup(0, 2, allreduce="symm") == TPGroup(0, 2, allreduce="symm")  # the buffer is no part of it
