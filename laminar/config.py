@@ -384,19 +384,25 @@ def _check(ok: bool, path: str, value: Any, valid: str) -> None:
 
 
 HIGH_LR = 1e-4
+HIGH_LORA_LR = 1e-3  # LoRA adapters start at zero and take rates 10-100x a full fine-tune's (2e-4 is usual)
 
 
 def lr_warning(cfg: Config) -> str | None:
     """The one line a real model's run prints when its learning rate is the demo's kind (the run goes on). A
     random-initialised model (`python -m laminar.engine.random_model`, which leaves `random_model.json`) has
     nothing pretrained to wreck: the throughput benchmarks run those."""
-    if not cfg.model.path or cfg.trainer.lr <= HIGH_LR:
+    lora = cfg.trainer.lora_rank > 0
+    limit = HIGH_LORA_LR if lora else HIGH_LR
+    if not cfg.model.path or cfg.trainer.lr <= limit:
         return None
     if (Path(cfg.model.path) / "random_model.json").is_file():
         return None
+    advice = (
+        "use 1e-4 to 5e-4 for LoRA adapters" if lora else "use 1e-6 to 1e-5 (LoRA adapters take 1e-4 to 5e-4)"
+    )
     return (
-        f"warning: trainer.lr={cfg.trainer.lr:g} with model.path set: learning rates above {HIGH_LR:g} (the demo's "
-        "is 6e-4) wreck a pretrained model in a few steps; use 1e-6 to 1e-5"
+        f"warning: trainer.lr={cfg.trainer.lr:g} with model.path set: learning rates above {limit:g} (the demo's "
+        f"is 6e-4) wreck a pretrained model in a few steps; {advice}"
     )
 
 

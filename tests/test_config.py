@@ -132,6 +132,12 @@ def test_a_demo_learning_rate_on_a_real_model_warns_in_one_line(tiny_model_dir):
     line = lr_warning(load_config(None, [f"model.path={tiny_model_dir}"]))
     assert "trainer.lr=0.0006" in line and "1e-6 to 1e-5" in line
     assert "\n" not in line
+    # LoRA adapters take a larger rate: 2e-4 is usual, 6e-4 still fine, above 1e-3 warned about
+    lora = [f"model.path={tiny_model_dir}", "trainer.lora_rank=16"]
+    assert lr_warning(load_config(None, [*lora, "trainer.lr=2e-4"])) is None
+    assert lr_warning(load_config(None, lora)) is None
+    line = lr_warning(load_config(None, [*lora, "trainer.lr=3e-3"]))
+    assert "above 0.001" in line and "1e-4 to 5e-4 for LoRA" in line
 
 
 def test_a_random_initialised_model_has_no_learning_rate_to_warn_about(tmp_path):
