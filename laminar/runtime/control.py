@@ -10,10 +10,13 @@ changes something is safe to apply twice: by a request id (`next_groups`, `take`
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import threading
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
@@ -29,6 +32,24 @@ from laminar.journal import Journal
 RESTARTS = {"max_restarts": -1, "max_task_retries": -1}
 
 
+@dataclass(frozen=True)
+class MadeHere:
+    """A constructor argument a control actor makes in its own process, and its restarted self again: `fn(*args)`.
+    Ray keeps an actor's constructor arguments for its restarts, and one over 100 KB (a dataset, a tokenizer) in
+    the object store, where only the process that created the actor holds it."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+
+    def __call__(self) -> Any:
+        return self.fn(*self.args)
+
+
+def rows_digest(rows: list[dict[str, Any]]) -> str:
+    """A fingerprint of a run's training rows (their JSON, in order)."""
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def process_id(_actor: Any) -> int:
     """A control actor's process, asked through `__ray_call__` to tell a restart. It lives in this light module,
     which the control actors load anyway: Ray imports the module of a function it sends, and one from the driver's
@@ -40,7 +61,23 @@ class JournaledPromptPool:
     """The prompt pool. `next_groups` answers each request of an asker once: the same request again (the
     manager's call retried, or made again by its own restarted self) gets the same groups."""
 
-    def __init__(self, rows: list[dict[str, Any]], encode: Any, n: int, seed: int, journal_dir: str) -> None:
+    def __init__(
+        self,
+        rows: list[dict[str, Any]] | MadeHere,
+        encode: Callable[[Any], list[int]] | MadeHere,
+        n: int,
+        seed: int,
+        journal_dir: str,
+        digest: str | None = None,
+    ) -> None:
+        """`rows` and `encode`, or what makes them here (`MadeHere`: the run passes its data that way);
+        `digest` (`rows_digest`): the rows the run started with, so that a restart over changed data stops."""
+        rows, encode = (x() if isinstance(x, MadeHere) else x for x in (rows, encode))
+        if digest is not None and rows_digest(rows) != digest:
+            raise RuntimeError(
+                "the prompt pool's training rows are not those the run started with (a data file changed while "
+                "the run was going): restore them, or start a new run"
+            )
         self.pool = PromptPool(rows, encode, n, seed=seed)
         self.answers: dict[int, tuple[int, list[PromptGroup]]] = {}  # asker -> (its last request, the groups)
         self.journal = Journal(journal_dir, "prompt_pool", self._state)

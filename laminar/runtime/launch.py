@@ -16,12 +16,21 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from laminar.config import Config
+from laminar.data.dataset import train_rows
 from laminar.data.records import Trajectory
 from laminar.manager.manager import RolloutFailure, RolloutManager
 from laminar.relay.relay import RelaySettings
 from laminar.rewards.stop import FailingRewards
 from laminar.runtime.checkpoint import checkpoint_version, restore_checkpoint, write_checkpoint
-from laminar.runtime.control import RESTARTS, BufferActor, PartialPoolActor, PromptPoolActor, process_id
+from laminar.runtime.control import (
+    RESTARTS,
+    BufferActor,
+    MadeHere,
+    PartialPoolActor,
+    PromptPoolActor,
+    process_id,
+    rows_digest,
+)
 from laminar.runtime.evaluation import Evaluator
 from laminar.runtime.factory import BUFFER, Factory, run_namespace, sweep, use_cuda
 from laminar.runtime.trainer_group import TrainerGroup, trainer_args
@@ -38,12 +47,6 @@ def on_driver_node(soft: bool = False) -> dict[str, Any]:
     """Actor options that place it on the driver's machine (soft: there if it fits, elsewhere if not)."""
     node = ray.get_runtime_context().get_node_id()
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=soft)}
-
-
-def dataset_rows(cfg: Config) -> list[dict[str, Any]]:
-    from laminar.data.dataset import train_rows
-
-    return train_rows(cfg)
 
 
 def eval_rows(cfg: Config) -> list[dict[str, Any]]:
@@ -93,7 +96,6 @@ class Runtime:
     consumed: int = 0  # groups the trainer consumed in this segment (the manager's dispatch bound)
     events_logged: int = 0  # the manager's events in the run log so far
     control_pids: dict[str, int] = field(default_factory=dict)  # each control actor's process, last seen
-    pinned: list[Any] = field(default_factory=list)  # large constructor arguments of restartable actors
     codec: Any = None  # the model's tokenizer: the text `trajectories.jsonl` and `samples.jsonl` keep
 
     # ---- start ---------------------------------------------------------------------------------------------
@@ -127,10 +129,15 @@ class Runtime:
         sweep(rt.namespace)
         journal = recorder.out_dir / JOURNAL
         shutil.rmtree(journal, ignore_errors=True)  # a segment's journals start with it
-        # held by the driver for the run: Ray restarts the pool with the same arguments
-        rt.pinned = [ray.put(dataset_rows(cfg))]
+        # The pool reads the rows itself, as does its restarted self (`MadeHere`): a dataset passed whole would
+        # live in the object store for the run. The encoder travels made (loading a tokenizer loads torch).
         rt.prompt_pool = PromptPoolActor.options(**here).remote(
-            rt.pinned[0], codec.encode_prompt, t.group_size, cfg.run.seed, str(journal)
+            MadeHere(train_rows, (cfg,)),
+            codec.encode_prompt,
+            t.group_size,
+            cfg.run.seed,
+            str(journal),
+            rows_digest(train_rows(cfg)),
         )
         rt.partial_pool = PartialPoolActor.options(**here).remote(str(journal))
         # One secret per run, handed to every relay through Ray: only this run's relays may feed the tier.

@@ -4,8 +4,16 @@ lost process had not answered), changes nothing more."""
 
 from __future__ import annotations
 
+import pytest
+
 from laminar.data.records import PromptGroup, Trajectory
-from laminar.runtime.control import JournaledBuffer, JournaledPartialPool, JournaledPromptPool
+from laminar.runtime.control import (
+    JournaledBuffer,
+    JournaledPartialPool,
+    JournaledPromptPool,
+    MadeHere,
+    rows_digest,
+)
 
 ROWS = [{"prompt": f"{i} {i + 1}", "answer": str(i)} for i in range(5)]
 
@@ -127,3 +135,18 @@ def test_evaluation_samples_come_once_each_however_often_they_are_asked_for(tmp_
     assert [t.traj_id for t in restarted.take_eval([-1], {-1: 1})[-1]] == ["-1:1"]  # past what it holds
     assert restarted.take_eval([-1], {-1: 2}) == {}
     assert -2 not in restarted.evaluated  # no longer asked for: forgotten
+
+
+def rows_of(count: int) -> list[dict]:
+    return ROWS[:count]
+
+
+def test_a_pool_that_reads_its_rows_itself_stops_a_restart_over_changed_data(tmp_path):
+    """The run's pool reads its rows in its own process (`MadeHere`), and a restarted pool reads them again: the
+    digest of the rows the run started with stops a restart over data changed meanwhile, with a clear error."""
+    first = JournaledPromptPool(MadeHere(rows_of, (5,)), encode, 2, 7, str(tmp_path), rows_digest(ROWS))
+    groups = first.next_groups(2, asker=0, request=1)
+    again = JournaledPromptPool(MadeHere(rows_of, (5,)), encode, 2, 7, str(tmp_path), rows_digest(ROWS))
+    assert again.next_groups(2, asker=0, request=1) == groups  # the restart stands where the first stood
+    with pytest.raises(RuntimeError, match="training rows are not those the run started with"):
+        JournaledPromptPool(MadeHere(rows_of, (4,)), encode, 2, 7, str(tmp_path), rows_digest(ROWS))
