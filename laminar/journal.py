@@ -15,32 +15,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from laminar.jsonio import dumps
-
-
-@dataclass(frozen=True)
-class MadeHere:
-    """A constructor argument a control actor makes in its own process, and its restarted self again: `fn(*args)`.
-    Ray keeps an actor's constructor arguments for its restarts, one over 100 KB (a dataset) in the object store,
-    where only the process that created the actor holds it; and it warns of every restartable actor given an
-    actor handle. So the run passes its data this way, and the other control actors by name
-    (`MadeHere(ray.get_actor, (name, namespace))`)."""
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...] = ()
-
-    def __call__(self) -> Any:
-        return self.fn(*self.args)
-
-
-def made(value: Any) -> Any:
-    """`value`, or what a `MadeHere` makes."""
-    return value() if isinstance(value, MadeHere) else value
-
 
 COMPACT = (",", ":")
 

@@ -26,7 +26,7 @@ import ray
 
 from laminar.config import Config
 from laminar.data.records import PromptGroup
-from laminar.journal import Journal, made
+from laminar.journal import Journal
 from laminar.manager.dispatcher import Dispatcher
 from laminar.manager.fleet import Fleet
 from laminar.manager.repacker import RepackLoop, RepackStats
@@ -61,8 +61,7 @@ class RolloutManager:
         journal_dir: str | Path | None = None,
     ) -> None:
         """`factory` makes (and finds) the run's replicas and relays; `journal_dir`: where the journal goes (None:
-        none, an in-process manager). The pools may come as `MadeHere` (the run's: looked up by name)."""
-        prompt_pool, partial_pool = made(prompt_pool), made(partial_pool)
+        none, an in-process manager)."""
         r = cfg.rollout
         self.fleet = Fleet(t0)
         self.dispatcher = Dispatcher(self.fleet, prompt_pool, schedule.dispatch)

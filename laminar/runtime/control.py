@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
@@ -26,10 +26,23 @@ from laminar.data.experience_buffer import ExperienceBuffer
 from laminar.data.partial_pool import PartialPool, PartialTrajectory
 from laminar.data.prompt_pool import PromptPool
 from laminar.data.records import PromptGroup, Trajectory
-from laminar.journal import Journal, MadeHere, made
+from laminar.journal import Journal
 
 # Ray brings a lost control actor back, and sends the calls it had not answered again.
 RESTARTS = {"max_restarts": -1, "max_task_retries": -1}
+
+
+@dataclass(frozen=True)
+class MadeHere:
+    """A constructor argument a control actor makes in its own process, and its restarted self again: `fn(*args)`.
+    Ray keeps an actor's constructor arguments for its restarts, and one over 100 KB (a dataset, a tokenizer) in
+    the object store, where only the process that created the actor holds it."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+
+    def __call__(self) -> Any:
+        return self.fn(*self.args)
 
 
 def rows_digest(rows: list[dict[str, Any]]) -> str:
@@ -59,7 +72,7 @@ class JournaledPromptPool:
     ) -> None:
         """`rows` and `encode`, or what makes them here (`MadeHere`: the run passes its data that way);
         `digest` (`rows_digest`): the rows the run started with, so that a restart over changed data stops."""
-        rows, encode = made(rows), made(encode)
+        rows, encode = (x() if isinstance(x, MadeHere) else x for x in (rows, encode))
         if digest is not None and rows_digest(rows) != digest:
             raise RuntimeError(
                 "the prompt pool's training rows are not those the run started with (a data file changed while "
@@ -243,7 +256,7 @@ class JournaledBuffer:
         self.buffer = ExperienceBuffer(
             group_size, capacity=capacity, max_staleness=max_staleness, sampler=sampler
         )
-        self.prompt_pool, self.manager = made(prompt_pool), made(manager)
+        self.prompt_pool, self.manager = prompt_pool, manager
         self.cond = threading.Condition()
         # Groups handed to the driver and not yet trained: a driver interrupted between `take` and the end of
         # its step (Ctrl-C) must not lose them, so they stay here until `trained` and go back on `return_lent`.

@@ -16,7 +16,6 @@ from typing import Any
 import ray
 
 from laminar.config import Config
-from laminar.journal import MadeHere
 from laminar.manager.manager import sampling_of
 from laminar.relay.chain import relay_on_node
 from laminar.relay.relay import RelaySettings
@@ -33,21 +32,12 @@ def use_cuda(cfg: Config) -> bool:
     return torch.cuda.is_available()
 
 
-# The control actors' names in the run's namespace: each finds the others by name (`MadeHere`), not by a handle
-BUFFER = "buffer"
-PROMPT_POOL = "prompt_pool"
-PARTIAL_POOL = "partial_pool"
-MANAGER = "manager"
+BUFFER = "buffer"  # the experience buffer's name in the run's namespace (the manager looks it up)
 
 
 def run_namespace(run_dir: Path) -> str:
     """The Ray namespace of a run folder's actors: the same for every segment of the run."""
     return "laminar-" + hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
-
-
-def by_name(name: str, namespace: str) -> MadeHere:
-    """A control actor of the run, for another's constructor: looked up by name in the process that takes it."""
-    return MadeHere(ray.get_actor, (name, namespace))
 
 
 def sweep(namespace: str, keep: set[str] = frozenset()) -> list[str]:
@@ -168,8 +158,8 @@ class Factory:
         model_path: str,
         relay_settings: RelaySettings,
         *,
-        partial_pool: Any = None,
-        interrupt_on_update: bool = False,
+        partial_pool: Any,
+        interrupt_on_update: bool,
         namespace: str,
         manager: Any = None,
         buffer: Any = None,
@@ -187,11 +177,9 @@ class Factory:
         self.reward = reward_path(cfg)  # and so is the reward
 
     def for_manager(self, manager: Any) -> Factory:
-        """This factory for the manager `manager`: its replicas talk to it, the partial pool and the buffer (the
-        run's, found by name when the factory came without them)."""
+        """This factory for the manager `manager`: its replicas talk to it, the partial pool and the buffer."""
         bound = copy.copy(self)
         bound.manager, bound.buffer = manager, self.find(BUFFER)
-        bound.partial_pool = self.find(PARTIAL_POOL) if self.partial_pool is None else self.partial_pool
         return bound
 
     @staticmethod

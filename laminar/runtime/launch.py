@@ -32,17 +32,7 @@ from laminar.runtime.control import (
     rows_digest,
 )
 from laminar.runtime.evaluation import Evaluator
-from laminar.runtime.factory import (
-    BUFFER,
-    MANAGER,
-    PARTIAL_POOL,
-    PROMPT_POOL,
-    Factory,
-    by_name,
-    run_namespace,
-    sweep,
-    use_cuda,
-)
+from laminar.runtime.factory import BUFFER, Factory, run_namespace, sweep, use_cuda
 from laminar.runtime.trainer_group import TrainerGroup, trainer_args
 from laminar.schedules.schedule import Schedule
 from laminar.telemetry.recorder import Recorder, write_trajectories
@@ -139,12 +129,9 @@ class Runtime:
         sweep(rt.namespace)
         journal = recorder.out_dir / JOURNAL
         shutil.rmtree(journal, ignore_errors=True)  # a segment's journals start with it
-        # The control actors are named in the run's namespace and find each other by name (`by_name`): Ray warns
-        # of every restartable actor given a handle as a constructor argument, and a name is all a restarted one
-        # needs. The pool reads the rows itself, as does its restarted self: a dataset passed whole would live in
-        # the object store for the run. The encoder travels made (loading a tokenizer loads torch).
-        named = {**here, "namespace": rt.namespace}
-        rt.prompt_pool = PromptPoolActor.options(**named, name=PROMPT_POOL).remote(
+        # The pool reads the rows itself, as does its restarted self (`MadeHere`): a dataset passed whole would
+        # live in the object store for the run. The encoder travels made (loading a tokenizer loads torch).
+        rt.prompt_pool = PromptPoolActor.options(**here).remote(
             MadeHere(train_rows, (cfg,)),
             codec.encode_prompt,
             t.group_size,
@@ -152,8 +139,7 @@ class Runtime:
             str(journal),
             rows_digest(train_rows(cfg)),
         )
-        rt.partial_pool = PartialPoolActor.options(**named, name=PARTIAL_POOL).remote(str(journal))
-        ns = rt.namespace
+        rt.partial_pool = PartialPoolActor.options(**here).remote(str(journal))
         # One secret per run, handed to every relay through Ray: only this run's relays may feed the tier.
         rt.relay_settings = RelaySettings.for_run(
             cfg.relay.slots, int(cfg.relay.chunk_mb * (1 << 20)), tls=cfg.relay.tls
@@ -162,6 +148,7 @@ class Runtime:
             cfg,
             model_path,
             rt.relay_settings,
+            partial_pool=rt.partial_pool,
             interrupt_on_update=schedule.interrupt,
             namespace=rt.namespace,
             end_ids=codec.end_ids,
@@ -170,23 +157,15 @@ class Runtime:
         )
         rt.manager = (
             ray.remote(num_cpus=0, **RESTARTS)(RolloutManager)
-            .options(**named, name=MANAGER)
-            .remote(
-                cfg,
-                schedule,
-                by_name(PROMPT_POOL, ns),
-                by_name(PARTIAL_POOL, ns),
-                recorder.t0,
-                factory,
-                str(journal),
-            )
+            .options(**here)
+            .remote(cfg, schedule, rt.prompt_pool, rt.partial_pool, recorder.t0, factory, str(journal))
         )
-        rt.buffer = BufferActor.options(**named, name=BUFFER).remote(
+        rt.buffer = BufferActor.options(**here, name=BUFFER, namespace=rt.namespace).remote(
             t.group_size,
             4 * cfg.buffer.capacity_groups * t.group_size,  # a hard bound well above the dispatch bound
             None if cfg.buffer.max_staleness < 0 else cfg.buffer.max_staleness,
-            by_name(PROMPT_POOL, ns),
-            by_name(MANAGER, ns),
+            rt.prompt_pool,
+            rt.manager,
             cfg.buffer.sampler,
             str(journal),
         )
