@@ -318,6 +318,12 @@ class Supervisor:
         """Log a dead loop's traceback; the same error `max_failures_in_a_row` times in a row is fatal."""
         line, rid = snapshot.get("error_line") or "unknown error", snapshot["replica"]
         kind = snapshot.get("error_kind", "")
+        for err in snapshot.get(
+            "reward_errors", ()
+        ):  # scored before the loop died, never sent with a heartbeat
+            self.fleet.event(
+                "reward_error", key=f"reward_error/{rid}/dead/{err.get('traj_id')}", replica=rid, **err
+            )
         self.fleet.event(
             "replica_error", replica=rid, error=line, error_kind=kind, traceback=snapshot["error"]
         )

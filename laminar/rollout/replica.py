@@ -218,12 +218,19 @@ class RolloutReplica:
         return self.run_in_loop(import_)
 
     def snapshot(self) -> dict[str, Any]:
+        """The replica's state. Once its loop has died no heartbeat will send the reward errors scored since
+        the last one, so the snapshot takes them (the supervisor logs them with the loop's error)."""
         for _ in range(3):  # read from another thread than the loop's; retry if it changed under us
             try:
-                return self._snapshot()
+                snap = self._snapshot()
+                break
             except RuntimeError:
                 continue
-        return self._snapshot()
+        else:
+            snap = self._snapshot()
+        if self.error is not None:
+            snap["reward_errors"] = self.scorer.drain_errors()
+        return snap
 
     def _snapshot(self) -> dict[str, Any]:
         stats = self.engine.stats()
@@ -501,6 +508,7 @@ class RolloutReplica:
         now = time.time()
         if force or now - self._last_beat >= self.heartbeat_s:
             self._last_beat = now
-            report = {**self.snapshot(), "reward_errors": self.scorer.drain_errors()}
+            report = self.snapshot()
+            report["reward_errors"] = report.get("reward_errors", []) + self.scorer.drain_errors()
             return self.manager.heartbeat.remote(report, now)
         return None

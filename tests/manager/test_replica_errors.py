@@ -74,3 +74,15 @@ def test_reward_errors_in_a_heartbeat_become_records_and_stay_out_of_the_timelin
     assert event == {"kind": "reward_error", "t": 1.5, "replica": 4, **err}
     [row] = m.dispatcher.timeline
     assert "reward_errors" not in row and "error" not in row and row["replica"] == 4
+
+
+def test_reward_errors_a_dead_replica_never_sent_are_logged_with_its_error():
+    """A replica whose loop died sends no more heartbeats: the reward errors it scored since its last one come in
+    the snapshot the supervisor reads, and are logged once however often it is read."""
+    m = manager()
+    err = {"traj_id": "3:1", "row": 4, "error_kind": "raised", "error": "ValueError: x"}
+    dead = snapshot(2, error="Traceback ...\nKeyError: y", error_line="KeyError: y", reward_errors=[err])
+    m.supervisor.replica_error(dead)
+    m.supervisor.replica_error(dead)
+    logged = [e for e in m.fleet.events if e["kind"] == "reward_error"]
+    assert len(logged) == 1 and logged[0]["replica"] == 2 and logged[0]["traj_id"] == "3:1"
