@@ -35,8 +35,8 @@ RESTARTS = {"max_restarts": -1, "max_task_retries": -1}
 @dataclass(frozen=True)
 class MadeHere:
     """A constructor argument a control actor makes in its own process, and its restarted self again: `fn(*args)`.
-    Ray keeps an actor's constructor arguments for its restarts, and one over 100 KB (a dataset, a tokenizer) in
-    the object store, where only the process that created the actor holds it."""
+    Ray keeps an actor's constructor arguments for its restarts, and one over 100 KB (a dataset) in the object
+    store, where only the process that created the actor holds it."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
@@ -64,15 +64,16 @@ class JournaledPromptPool:
     def __init__(
         self,
         rows: list[dict[str, Any]] | MadeHere,
-        encode: Callable[[Any], list[int]] | MadeHere,
+        encode: Callable[[Any], list[int]],
         n: int,
         seed: int,
         journal_dir: str,
         digest: str | None = None,
     ) -> None:
-        """`rows` and `encode`, or what makes them here (`MadeHere`: the run passes its data that way);
-        `digest` (`rows_digest`): the rows the run started with, so that a restart over changed data stops."""
-        rows, encode = (x() if isinstance(x, MadeHere) else x for x in (rows, encode))
+        """`rows`, or what reads them here (`MadeHere`: the run passes its data that way); `digest`
+        (`rows_digest`): the rows the run started with, so that a restart over changed data stops."""
+        if isinstance(rows, MadeHere):
+            rows = rows()
         if digest is not None and rows_digest(rows) != digest:
             raise RuntimeError(
                 "the prompt pool's training rows are not those the run started with (a data file changed while "

@@ -16,7 +16,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from laminar.config import Config
-from laminar.data.dataset import train_rows
+from laminar.data.dataset import held_out_rows, train_rows, val_rows
 from laminar.data.records import Trajectory
 from laminar.manager.manager import RolloutFailure, RolloutManager
 from laminar.relay.relay import RelaySettings
@@ -52,8 +52,6 @@ def on_driver_node(soft: bool = False) -> dict[str, Any]:
 def eval_rows(cfg: Config) -> list[dict[str, Any]]:
     """The held-out set: `data.val_files`, else the built-in task's held-out split (rows never drawn for
     training), else none."""
-    from laminar.data.dataset import held_out_rows, val_rows
-
     return val_rows(cfg) if cfg.data.val_files else held_out_rows(cfg)
 
 

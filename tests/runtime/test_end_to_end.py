@@ -68,7 +68,9 @@ def laminar_run(ray_cluster, tiny_model_dir, tmp_path_factory):
 def test_the_control_actors_and_relays_never_load_torch(laminar_run):
     """They move records and bytes: torch (a second of CPU and 300 MB each) is for the trainer and replicas."""
     torch_in = laminar_run[3]
-    assert len(torch_in) >= len(CONTROL) + 2, torch_in  # the master relay and one on each machine with replicas
+    assert len(torch_in) >= len(CONTROL) + 2, (
+        torch_in
+    )  # the master relay and one on each machine with replicas
     assert not any(torch_in.values()), torch_in
 
 
