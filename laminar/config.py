@@ -205,7 +205,9 @@ class RepackConfig:
 class BufferConfig:
     # groups dispatched and not yet trained on, at most (flow control); 0 = three trainer steps' worth
     capacity_groups: int = 0
-    max_staleness: int = -1  # -1 = unbounded (Laminar's default); stream/partial use schedule.staleness
+    # complete groups older than this are dropped when sampled; -1 = keep all (schedule.max_staleness bounds
+    # staleness without dropping anything; stream/partial use schedule.staleness)
+    max_staleness: int = -1
     # which complete groups the trainer takes: fifo (first completed), oldest (oldest version first: a lower
     # staleness tail), freshest, or module:function (laminar.data.experience_buffer.Sampler)
     sampler: str = "fifo"
@@ -219,6 +221,9 @@ class ScheduleConfig:
     # laminar: a replica more than this many versions behind the trainer gets no new work until it pulls
     # (0: every group starts on the newest version); -1 = no bound
     max_lag: int = 0
+    # laminar: no group is trained more than this many versions after the one that generated it (new work waits
+    # while an old group's long tail runs; `Dispatch.max_staleness`); -1 = no bound
+    max_staleness: int = 4
 
 
 @dataclass
@@ -679,6 +684,12 @@ def validate(cfg: Config) -> None:
         "in (0, 1]: 1.0 = a source as soon as its KV falls, 0.5 = once half its batch's KV is freed",
     )
     _check(cfg.schedule.max_lag >= -1, "schedule.max_lag", cfg.schedule.max_lag, "-1 (no bound) or >= 0")
+    _check(
+        cfg.schedule.max_staleness >= -1,
+        "schedule.max_staleness",
+        cfg.schedule.max_staleness,
+        "-1 (no bound) or >= 0",
+    )
     _check(cfg.run.timeout_s > 0, "run.timeout_s", cfg.run.timeout_s, "a positive number of seconds")
     k = cfg.task
     _check(k.max_turns >= 1, "task.max_turns", k.max_turns, "at least 1 (tool calls a trajectory may make)")

@@ -60,7 +60,8 @@ class Dispatcher:
             else:
                 self.dispatched_groups += len(groups)
                 for g in groups:
-                    self.fleet.apply({"op": "owe", "replica": r["replica"], "group": asdict(g)})
+                    owe = {"op": "owe", "replica": r["replica"], "group": asdict(g), "version": r.get("version")}
+                    self.fleet.apply(owe)
             return groups
         if op == "trainer":  # totals, so a call made twice counts once
             self.trainer_version = max(self.trainer_version, r["version"])
@@ -118,7 +119,11 @@ class Dispatcher:
                     groups=[asdict(g) for g in groups],
                 )
             quota = self.dispatch.quota(
-                version, self.trainer_version, self.dispatched_groups, self.consumed_groups
+                version,
+                self.trainer_version,
+                self.dispatched_groups,
+                self.consumed_groups,
+                self.fleet.oldest_owed(),
             )
             if quota <= 0 and self.dispatch.room(self.dispatched_groups, self.consumed_groups) > 0:
                 self.refused.add(replica)  # behind the trainer (`Dispatch.max_lag`): the room is its own
@@ -137,6 +142,7 @@ class Dispatcher:
                         request=request,
                         eval=False,
                         groups=[asdict(g) for g in groups],
+                        version=version,
                     )
                     self.fleet.event(
                         "dispatch", replica=replica, version=version, groups=[g.group_id for g in groups]
@@ -195,7 +201,11 @@ class Dispatcher:
         """How many freed replicas the dispatch rule would give work now (the repack gate), less those already
         idle and refused until they pull."""
         return self.dispatch.replicas_with_work(
-            self.dispatched_groups, self.consumed_groups, len(self.refused)
+            self.dispatched_groups,
+            self.consumed_groups,
+            len(self.refused),
+            self.trainer_version,
+            self.fleet.oldest_owed(),
         )
 
     def heartbeat(self, snapshot: dict[str, Any], t: float) -> None:

@@ -44,6 +44,8 @@ class Fleet:
     owed: dict[int, dict[int, PromptGroup]] = field(
         default_factory=dict
     )  # replica -> groups not yet complete
+    # group -> the version its samples are generated with (the dispatch staleness bound reads the oldest)
+    owed_version: dict[int, int] = field(default_factory=dict)
     relays: list[Any] = field(default_factory=list)  # the chain, master first
     relay_of_node: dict[str, Any] = field(default_factory=dict)
     node_of_replica: dict[int, str] = field(default_factory=dict)
@@ -83,11 +85,16 @@ class Fleet:
         elif op == "owe":
             group = PromptGroup(**r["group"])
             self.owed.setdefault(r["replica"], {})[group.group_id] = group
+            if r.get("version") is not None:
+                self.owed_version[group.group_id] = r["version"]
         elif op == "settle":
             for groups in self.owed.values():
                 groups.pop(r["group"], None)
+            self.owed_version.pop(r["group"], None)
         elif op == "forget":
-            self.owed.pop(r["replica"], None)
+            for gid in self.owed.pop(r["replica"], {}):
+                if not any(gid in groups for groups in self.owed.values()):
+                    self.owed_version.pop(gid, None)
         elif op == "reserve":
             self.node_of_replica[r["rid"]] = ""
         elif op == "replica":  # up (its handle: the caller's, or found by name after a restart)
@@ -113,6 +120,7 @@ class Fleet:
             "replicas": {str(rid): self.node_of_replica.get(rid, "") for rid in self.handles},
             "node_of_replica": {str(k): v for k, v in self.node_of_replica.items()},
             "owed": [[rid, [asdict(g) for g in groups.values()]] for rid, groups in self.owed.items()],
+            "owed_version": [[gid, v] for gid, v in self.owed_version.items()],
             "chain": {"relays": self.chain_names, "nodes": self.node_names, "master_node": self.master_node},
             "events": self.events,
             "events_from": self.events_from,
@@ -125,6 +133,7 @@ class Fleet:
         self.node_of_replica = {int(k): v for k, v in s["node_of_replica"].items()}
         self.handles = {int(rid): None for rid in s["replicas"]}
         self.owed = {rid: {g["group_id"]: PromptGroup(**g) for g in gs} for rid, gs in s["owed"]}
+        self.owed_version = {gid: v for gid, v in s.get("owed_version", [])}
         self.apply({"op": "chain", **s["chain"]})
         self.events, self.events_from = list(s["events"]), s["events_from"]
         self.failures = {**failure_counts(), **s["failures"]}
@@ -150,9 +159,14 @@ class Fleet:
             self.change("ack", upto=acked)
         return self.events_from, list(self.events)
 
-    def owe(self, replica: int, group: PromptGroup) -> None:
-        """`replica` has samples of `group` to finish: if it dies, recovery rebuilds them from this row."""
-        self.change("owe", replica=replica, group=asdict(group))
+    def owe(self, replica: int, group: PromptGroup, version: int | None = None) -> None:
+        """`replica` has samples of `group` to finish: if it dies, recovery rebuilds them from this row.
+        `version`: the one they are generated with (None: as before; a repack moves them to its own version)."""
+        self.change("owe", replica=replica, group=asdict(group), version=version)
+
+    def oldest_owed(self) -> int | None:
+        """The oldest version a group still being generated holds; None when none is."""
+        return min(self.owed_version.values(), default=None)
 
     def settle(self, group_id: int) -> None:
         """The group is complete in the buffer: no replica owes it any more (repack may have spread it)."""

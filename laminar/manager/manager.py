@@ -166,6 +166,7 @@ class RolloutManager:
 
     def group_done(self, replica: int, group_id: int) -> None:
         self.fleet.settle(group_id)
+        self.dispatcher.changed.set()  # it may have been the oldest group out: the staleness bound may allow more
 
     # ---- the driver --------------------------------------------------------------------------------------
     def trainer_update(self, version: int, consumed_groups: int) -> None:

@@ -452,7 +452,7 @@ class Supervisor:
                 done["tool_reruns"] += lost_calls(items)
                 done["restarted"] += len(fresh)
                 done["restarted_groups"] += p.restart
-                fleet.owe(p.replica, p.group)
+                fleet.owe(p.replica, p.group, p.version)
             if not pending:
                 break
         else:

@@ -53,8 +53,14 @@ class Schedule:
         elif name in ("stream", "partial"):
             rule = Dispatch(cfg.rollout.groups_per_batch, cap, g, ahead=cfg.schedule.staleness)
         elif name == "laminar":
-            lag = cfg.schedule.max_lag
-            rule = Dispatch(cfg.rollout.groups_per_batch, cap, g, max_lag=None if lag < 0 else lag)
+            lag, bound = cfg.schedule.max_lag, cfg.schedule.max_staleness
+            rule = Dispatch(
+                cfg.rollout.groups_per_batch,
+                cap,
+                g,
+                max_lag=None if lag < 0 else lag,
+                max_staleness=None if bound < 0 else bound,
+            )
         else:
             raise ValueError(f"schedule.name={name!r}; valid: {' | '.join(NAMES)}")
         laminar = name == "laminar"

@@ -45,6 +45,7 @@ class SimConfig:
     # Laminar's dispatch policy (issue 14; the runtime's defaults but for the 7B repack_capped_batch_limit):
     max_ahead_batches: float = 3.0  # groups dispatched and not yet trained, in global batches (trainer steps)
     max_lag: int = 0  # `schedule.max_lag`: new work only for replicas holding the trainer's version (-1: any)
+    max_staleness: int = 4  # `schedule.max_staleness`: no group trained more versions late than this (-1: none)
     replica_fill: float = 1.0  # laminar: a replica's prompt batch fills this share of max_num_seqs
     repack_interval_s: float = 5.0
     repack_kv_frac: float = 0.9
@@ -88,9 +89,9 @@ class SimConfig:
             raise ValueError(
                 f"sampler={self.sampler!r}; valid: {', '.join(SAMPLERS)} (the experience buffer's built-in samplers)"
             )
-        if self.max_lag < -1 or self.repack_max_age < -1:
-            name = "max_lag" if self.max_lag < -1 else "repack_max_age"
-            raise ValueError(f"{name}={getattr(self, name)} must be -1 (none) or >= 0")
+        for name in ("max_lag", "max_staleness", "repack_max_age"):
+            if getattr(self, name) < -1:
+                raise ValueError(f"{name}={getattr(self, name)} must be -1 (none) or >= 0")
         if not 0.0 < self.repack_ramp_down_frac <= 1.0:
             raise ValueError(f"repack_ramp_down_frac={self.repack_ramp_down_frac} must be in (0, 1]")
         if self.repack_capped_batch_limit < 0:

@@ -57,6 +57,7 @@ def schedule_of(cluster: Cluster) -> Schedule:
             f"rollout.groups_per_batch={replica_groups(cluster, ahead_batches)}",
             f"buffer.capacity_groups={int(cfg.max_ahead_batches * g)}",
             f"schedule.max_lag={cfg.max_lag}",
+            f"schedule.max_staleness={cfg.max_staleness}",
             *ablation,
         ],
     )
@@ -115,7 +116,9 @@ class RuntimeLoop(Base):
         self.schedule, self.rule = schedule, schedule.dispatch
         self.in_order, self.push, self.interrupt = schedule.in_order, schedule.push, schedule.interrupt
         self.relay_version = [0] * cluster.machines
-        self.manager_version = 0  # what the manager knows: updated when `rt.train` returns
+        # what the manager knows, updated together when `rt.train` returns: the version and the groups consumed
+        self.manager_version = 0
+        self.manager_consumed = 0
         self.asking: dict[int, Replica] = {}  # replicas drained and refused work, by id
         self.orphans: dict[int, list[Traj]] = {}  # samples of dead replicas while none is alive, by group
         cost, spec, cfg = cluster.cost, cluster.spec, cluster.cfg
@@ -137,7 +140,9 @@ class RuntimeLoop(Base):
         if newest > r.version:
             self.adopt(r, newest)
         c = self.c
-        quota = self.rule.quota(r.version, self.manager_version, c.next_gid, c.consumed_groups)
+        quota = self.rule.quota(
+            r.version, self.manager_version, c.next_gid, self.manager_consumed, c.oldest_generating()
+        )
         if quota <= 0:
             self.asking[r.rid] = r
             return
@@ -174,11 +179,11 @@ class RuntimeLoop(Base):
             c.trainer_stall(stall)
             for m in range(c.machines):
                 c.at(c.now + stall + c.cost.relay_arrival_s(c.spec, m), self._arrive, (m, version))
-        c.at(c.now + stall, self._updated, version)
+        c.at(c.now + stall, self._updated, (version, c.consumed_groups))
 
-    def _updated(self, version: int, now: float) -> None:
+    def _updated(self, arg: tuple[int, int], now: float) -> None:
         """`rt.train` returned: the manager learns the new version and the groups consumed."""
-        self.manager_version = version
+        self.manager_version, self.manager_consumed = arg
         self.wake()
         self.c.try_train()
         if self.schedule.repack:
@@ -218,7 +223,13 @@ class RuntimeLoop(Base):
         c, now = self.c, self.c.now
         max_released = None
         if self.cfg.repack_only_with_work:
-            max_released = self.rule.replicas_with_work(c.next_gid, c.consumed_groups, len(self.asking))
+            max_released = self.rule.replicas_with_work(
+                c.next_gid,
+                self.manager_consumed,
+                len(self.asking),
+                self.manager_version,
+                c.oldest_generating(),
+            )
             if max_released == 0:
                 return
         block = c.cost.kv_block_tokens

@@ -58,6 +58,7 @@ def small_gpu_config(cost: CostModel | None = None, **changes: Any) -> SimConfig
         repack_batch_limit=256,
         repack_only_with_work=False,  # the measured runs predate the gate
         max_lag=-1,  # and the runtime's dispatch policy when the measured runs were made (before issue 14's)
+        max_staleness=-1,  # (and before the staleness bound)
         repack_newest_first=False,
         repack_max_age=-1,
         repack_capped_batch_limit=0,

@@ -36,3 +36,38 @@ def test_repack_gate_leaves_the_room_to_replicas_already_asking():
     assert d.replicas_with_work() == 2
     assert asyncio.run(d.next_work(0, version=1)) == []  # behind: refused, pulls and asks again
     assert d.refused == {0} and d.replicas_with_work() == 1
+
+
+def test_the_staleness_bound_reads_the_oldest_group_still_owed_and_survives_a_restart():
+    """The dispatcher gives the rule the oldest version a group still being generated holds (`Fleet.owed_version`,
+    written with each dispatch and each recovery, cleared when the group completes or its replica is forgotten),
+    and a restarted manager's journal state keeps it."""
+    import asyncio
+    from dataclasses import asdict
+
+    from laminar.data.records import PromptGroup
+    from laminar.manager.dispatcher import Dispatcher
+    from laminar.manager.fleet import Fleet
+
+    rule = Dispatch(groups_per_batch=4, max_outstanding_groups=24, groups_per_step=8, max_lag=0, max_staleness=2)
+    fleet = Fleet(t0=0.0)
+    d = Dispatcher(fleet, prompt_pool=None, dispatch=rule)
+    old = [PromptGroup(i, [1, 2], 2) for i in range(2)]
+    d.change("dispatch", replica=0, request=1, eval=False, groups=[asdict(g) for g in old], version=1)
+    d.dispatched_groups = 24  # 22 more went out since, and 16 were trained
+    d.trainer_update(version=3, consumed_groups=16)
+    assert fleet.oldest_owed() == 1
+    assert asyncio.run(d.next_work(1, version=3)) == []  # 8 out: all the oldest group's bound allows
+    assert d.replicas_with_work() == 0
+    fleet.settle(0)
+    assert fleet.oldest_owed() == 1  # group 1 still runs
+    fleet.owe(2, old[1], version=2)  # recovery restarted it on a replica of version 2
+    fleet.forget(0)
+    assert d.refused == {1}  # idle and asking: the room is its own first
+    assert fleet.oldest_owed() == 2 and d.replicas_with_work() == 2 - 1
+    fleet.owe(3, old[1])  # a repack move keeps its version
+    restarted = Fleet(t0=0.0)
+    restarted.load(fleet.state())
+    assert restarted.oldest_owed() == 2
+    fleet.settle(1)
+    assert fleet.oldest_owed() is None and d.replicas_with_work() == 4 - 1

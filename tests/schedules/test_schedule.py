@@ -35,9 +35,11 @@ def test_baselines_take_batches_in_dispatch_order_and_push_every_version():
 
 def test_laminar_is_flow_control_and_its_ablations_are_config():
     s = build("laminar")
-    # no `ahead`: new work only on the trainer's version (`schedule.max_lag` 0), up to 24 outstanding
-    assert s.dispatch == Dispatch(2, 24, 8, max_lag=0)
-    assert build("laminar", "schedule.max_lag=-1").dispatch == Dispatch(2, 24, 8)  # any version may work
+    # no `ahead`: new work only on the trainer's version (`schedule.max_lag` 0), up to 24 outstanding, none
+    # trained more than 4 versions late (`schedule.max_staleness`)
+    assert s.dispatch == Dispatch(2, 24, 8, max_lag=0, max_staleness=4)
+    free = build("laminar", "schedule.max_lag=-1", "schedule.max_staleness=-1")
+    assert free.dispatch == Dispatch(2, 24, 8)  # any version may work, any group run any time
     assert (s.in_order, s.push, s.interrupt, s.repack) == (False, False, False, True)
     assert build("laminar", "repack.enabled=false").repack is False
     assert build("laminar", "schedule.global_push=true").push is True
