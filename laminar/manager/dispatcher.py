@@ -60,7 +60,12 @@ class Dispatcher:
             else:
                 self.dispatched_groups += len(groups)
                 for g in groups:
-                    owe = {"op": "owe", "replica": r["replica"], "group": asdict(g), "version": r.get("version")}
+                    owe = {
+                        "op": "owe",
+                        "replica": r["replica"],
+                        "group": asdict(g),
+                        "version": r.get("version"),
+                    }
                     self.fleet.apply(owe)
             return groups
         if op == "trainer":  # totals, so a call made twice counts once

@@ -54,7 +54,9 @@ class Dispatch:
             if self.max_lag is not None and trainer_version - replica_version > self.max_lag:
                 return 0  # pull first
             oldest = replica_version if oldest is None else min(oldest, replica_version)
-            return max(0, min(self.groups_per_batch, self.room(dispatched, consumed, trainer_version, oldest)))
+            return max(
+                0, min(self.groups_per_batch, self.room(dispatched, consumed, trainer_version, oldest))
+            )
         if replica_version != trainer_version:  # the new version must be loaded first
             return 0
         bound = (trainer_version + 1 + self.ahead) * self.groups_per_step

@@ -45,7 +45,9 @@ class SimConfig:
     # Laminar's dispatch policy (issue 14; the runtime's defaults but for the 7B repack_capped_batch_limit):
     max_ahead_batches: float = 3.0  # groups dispatched and not yet trained, in global batches (trainer steps)
     max_lag: int = 0  # `schedule.max_lag`: new work only for replicas holding the trainer's version (-1: any)
-    max_staleness: int = 4  # `schedule.max_staleness`: no group trained more versions late than this (-1: none)
+    max_staleness: int = (
+        4  # `schedule.max_staleness`: no group trained more versions late than this (-1: none)
+    )
     replica_fill: float = 1.0  # laminar: a replica's prompt batch fills this share of max_num_seqs
     repack_interval_s: float = 5.0
     repack_kv_frac: float = 0.9

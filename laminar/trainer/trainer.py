@@ -1,28 +1,29 @@
-"""The trainer: a Hugging Face policy, AdamW and the GRPO step; plain Python (the runtime wraps it in an actor)."""
+"""The trainer: a Hugging Face policy, AdamW and the GRPO step; plain Python (the runtime wraps it in an actor).
+Its other jobs live beside it, one module each, mixed into `Trainer`: batching (`batches`), the publish
+(`publish`), checkpoints (`checkpointing`), the non-finite guard (`finite`); the model's layout over devices is
+`sharding`, the model directory's check `model_dir`."""
 
 from __future__ import annotations
 
 import copy
 import math
-import random
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from laminar.config import RolloutConfig, TrainerConfig
-from laminar.data.codec import copy_tokenizer_files
 from laminar.data.records import Trajectory
 from laminar.data.staleness import staleness
 from laminar.trainer import lora
-from laminar.trainer.critic import DIR as CRITIC_DIR
+from laminar.trainer.batches import Batching
+from laminar.trainer.checkpointing import Checkpointing
 from laminar.trainer.critic import Critic
+from laminar.trainer.finite import FiniteChecks
 from laminar.trainer.grpo import (
     LOSS_METRICS,
     GRPOConfig,
@@ -33,46 +34,10 @@ from laminar.trainer.grpo import (
     whiten_tokens,
 )
 from laminar.trainer.logprobs import PolicyLogprobs
+from laminar.trainer.model_dir import check_model_dir
 from laminar.trainer.packing import supports_packing, use_packed_attention
-from laminar.trainer.state_files import (
-    MOMENTS,
-    OPTIMIZER_DIR,
-    CheckpointError,
-    load_tensors,
-    load_trainer_state,
-    save_sharded,
-    save_tensors,
-    save_trainer_state,
-)
-
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-
-
-class NonFiniteError(RuntimeError):
-    """Training met non-finite numbers it cannot skip: too many bad steps in a row, or non-finite weights."""
-
-
-class ModelPathError(FileNotFoundError):
-    """The model path is not a loadable Hugging Face model directory; the message says what is missing."""
-
-
-def check_model_dir(path: str | Path) -> Path:
-    hint = "a Hugging Face model directory with config.json and model.safetensors (make the demo's with `laminar warmup --out DIR`)"
-    if not str(path):
-        raise ModelPathError(f"no model path given; expected {hint}")
-    path = Path(path)
-    if not path.exists():
-        raise ModelPathError(f"model path {path} does not exist; expected {hint}")
-    if not path.is_dir():
-        raise ModelPathError(f"model path {path} is a file; pass the directory that holds it, i.e. {hint}")
-    have = sorted(p.name for p in path.iterdir())
-    if not (path / "config.json").is_file():
-        raise ModelPathError(f"model path {path} has no config.json (has {have}); expected {hint}")
-    if not any((path / f).is_file() for f in WEIGHT_FILES):
-        raise ModelPathError(
-            f"model path {path} has config.json but no weights: none of {list(WEIGHT_FILES)} (has {have})"
-        )
-    return path
+from laminar.trainer.publish import Publishing, WeightShard
+from laminar.trainer.sharding import MasterWeights, compile_layers, shard_policy
 
 
 def load_policy(path: str | Path) -> PreTrainedModel:
@@ -80,12 +45,7 @@ def load_policy(path: str | Path) -> PreTrainedModel:
     return model.train()
 
 
-def _ties_embeddings(model: PreTrainedModel) -> bool:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return bool(getattr(cfg, "tie_word_embeddings", False))
-
-
-class Trainer:
+class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
     """Holds the policy and optimizer; `version` is the number of train steps taken, i.e. the weights' version."""
 
     def __init__(
@@ -482,189 +442,6 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _count_nonfinite(self, nonfinite: bool, losses: list[float], grad_norms: list[float]) -> None:
-        if not nonfinite:
-            self.nonfinite_in_a_row = 0
-            return
-        self.nonfinite_steps += 1
-        self.nonfinite_in_a_row += 1
-        if self.nonfinite_in_a_row >= self.cfg.max_nonfinite_steps:
-            raise NonFiniteError(
-                f"{self.nonfinite_in_a_row} trainer steps in a row had a non-finite loss or gradient norm (step "
-                f"{self.version + 1}: loss {losses[-1]}, grad norm {grad_norms[-1]}); they were skipped and the "
-                "weights are unchanged. Look for non-finite rewards or log-probs, or lower trainer.lr "
-                f"(trainer.max_nonfinite_steps={self.cfg.max_nonfinite_steps} is how many are skipped first)"
-            )
-
-    def check_finite(self) -> None:
-        """Raise `NonFiniteError` naming the first parameter that holds NaN or inf (before a publish or save).
-        Sharded: every rank checks its shards and the ranks agree."""
-        self.raise_nonfinite(self.nonfinite_flags())
-
-    @torch.no_grad()
-    def nonfinite_flags(self) -> torch.Tensor:
-        """One flag a parameter (this rank's rows), 1 where it holds NaN or inf; computed on the parameters'
-        device without waiting for it, so a publish can copy its weights out meanwhile and judge them after.
-        One min-max reduction a parameter (NaN propagates through both, inf shows in one): no copy the size of
-        the weights, and one more kernel for them all."""
-        params = self._parameters()
-        zero = torch.zeros((), device=params[0][1].device)  # stands in for an empty shard's ends
-        ends = [v for _, x in params for v in (torch.aminmax(x) if x.numel() else (zero, zero))]
-        return (~torch.isfinite(torch.stack(ends).float()).view(-1, 2).all(1)).int()
-
-    def _parameters(self) -> list[tuple[str, torch.Tensor]]:
-        """(name, this rank's rows) of every parameter, the local tensors (a sharded parameter's own shard),
-        resolved once: the optimizer and checkpoint loads update them in place."""
-        if self._locals is None:
-            self._locals = [(n, _local(p)) for n, p in self.model.named_parameters()]
-        return self._locals
-
-    def raise_nonfinite(self, flags: torch.Tensor, summary: bool = False) -> None:
-        """Raise `NonFiniteError` if `nonfinite_flags` (or, `summary`, `published_nonfinite`) found any.
-        Sharded: an all-reduce over the ranks, so every rank raises (or not) alike; it returns only once every
-        rank has called it, which makes it the publish's barrier too. Waits for the device once. A set summary
-        is followed by the per-parameter flags on every rank, to name what is wrong."""
-        flags = self._agree(flags)
-        if summary:
-            if not bool(flags.any()):
-                return
-            flags = self._agree(self.nonfinite_flags())  # which parameters
-        bad_at = flags.nonzero().flatten().tolist()
-        if not bad_at:
-            if not summary:
-                return
-            raise NonFiniteError(  # finite in fp32, not once cast
-                f"the trainer's weights at version {self.version} overflow {self.publish_dtype} "
-                "(publish_dtype): values beyond its range become inf; they are not published"
-            )
-        bad = [self._parameters()[i][0] for i in bad_at]
-        raise NonFiniteError(
-            f"the trainer's weights hold NaN or inf at version {self.version} (parameter {bad[0]!r}"
-            f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}); they are neither published nor saved"
-        )
-
-    def _agree(self, flags: torch.Tensor) -> torch.Tensor:
-        """The ranks' flags, each the largest any rank holds (one all-reduce); a single trainer's as they are."""
-        if self.world > 1:
-            import torch.distributed as dist
-
-            if dist.get_backend() == "nccl" and not flags.is_cuda:  # parameters offloaded to the host
-                flags = flags.cuda()
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return flags
-
-    # ---- batching -------------------------------------------------------------------------------------------
-
-    def plan(self, lengths: list[int]) -> list[tuple[list[int], list[list[int] | None]]]:
-        """Per mini-batch: its trajectory indices (all ranks'), and this rank's micro-batches. A mini-batch is
-        split across ranks balanced by token count (longest first, each to the rank with the fewest tokens so
-        far); every rank gets as many micro-batches as the busiest one, `None` standing for an idle pass."""
-        out = []
-        for mb in np.array_split(np.arange(len(lengths)), self.cfg.mini_batches):
-            mb = mb.tolist()
-            if not mb:
-                continue
-            shares: list[list[int]] = [[] for _ in range(self.world)]
-            load = [0] * self.world
-            for i in sorted(mb, key=lambda i: (-lengths[i], i)):
-                r = min(range(self.world), key=lambda r: (load[r], r))
-                shares[r].append(i)
-                load[r] += lengths[i]
-            micro = [self.micro_batches([lengths[i] for i in s], s) if s else [] for s in shares]
-            most = max(len(m) for m in micro)
-            out.append((mb, micro[self.rank] + [None] * (most - len(micro[self.rank]))))
-        return out
-
-    def micro_batches(self, lengths: list[int], index: list[int]) -> list[list[int]]:
-        """`index` cut into micro-batches, longest sequences first, so each micro-batch pads to a length close to
-        its own (the loss is normalised by the whole mini-batch's tokens: the order changes no gradient). By
-        count (`micro_batch`), or filled up to `micro_batch_tokens` padded tokens when that is set."""
-        order = [i for _, i in sorted(zip(lengths, index), key=lambda p: -p[0])]
-        width = dict(zip(index, lengths))
-        if self.cfg.micro_batch_tokens <= 0:
-            n = self.cfg.micro_batch
-            return [order[s : s + n] for s in range(0, len(order), n)]
-        out: list[list[int]] = []
-        size = 0
-        for i in order:  # longest first: a padded micro-batch's size is its count x its first length
-            grown = size + width[i] if self.packed else (len(out[-1]) + 1) * width[out[-1][0]] if out else 0
-            if out and grown <= self.cfg.micro_batch_tokens:
-                out[-1].append(i)
-                size = grown
-            else:
-                out.append([i])
-                size = width[i]
-        return out
-
-    def _collate(
-        self, trajs: list[Trajectory], advs: list[float | list[float]] | None = None
-    ) -> dict[str, Any]:
-        """Packed (`self.packed`): one [1, T] row of all the sequences, with their positions and cumulative
-        lengths. Otherwise right-padded [B, L] ids and mask. The rest is flat over the response tokens, in
-        trajectory order (`mask` is 0 on a tool's output: context, never trained):
-        `positions` (flat index into [B, L] of the prediction of each response token), `targets`, the rollout's
-        `behaviour` log-probs, `advantages` and `mask`."""
-        if self.packed:
-            return self._collate_packed(trajs, advs)
-        seqs = [t.prompt_ids + t.response_ids for t in trajs]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(seqs), width), dtype=torch.long)
-        positions, targets, behaviour, adv, mask = [], [], [], [], []
-        for b, (t, s) in enumerate(zip(trajs, seqs)):
-            ids[b, : len(s)] = torch.tensor(s)
-            attn[b, : len(s)] = 1
-            p, r = len(t.prompt_ids), len(t.response_ids)
-            positions.append(torch.arange(b * width + p - 1, b * width + p - 1 + r))
-            targets += t.response_ids
-            behaviour += t.logprobs
-            adv += _token_advantages(advs, b, r)
-            mask += t.trained_mask
-        batch = {
-            "ids": ids,
-            "attn": attn,
-            "positions": torch.cat(positions),
-            "targets": torch.tensor(targets, dtype=torch.long),
-            "behaviour": torch.tensor(behaviour, dtype=torch.float32),
-            "advantages": torch.tensor(adv, dtype=torch.float32),
-            "mask": torch.tensor(mask, dtype=torch.float32),
-        }
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-
-    def _collate_packed(
-        self, trajs: list[Trajectory], advs: list[float | list[float]] | None
-    ) -> dict[str, Any]:
-        ids, pos, positions, targets, behaviour, adv, mask, cu = [], [], [], [], [], [], [], [0]
-        for b, t in enumerate(trajs):
-            start, p, r = cu[-1], len(t.prompt_ids), len(t.response_ids)
-            ids += t.prompt_ids + t.response_ids
-            pos += range(p + r)
-            positions += range(start + p - 1, start + p - 1 + r)
-            targets += t.response_ids
-            behaviour += t.logprobs
-            adv += _token_advantages(advs, b, r)
-            mask += t.trained_mask
-            cu.append(start + p + r)
-        dev = self.device
-        cu_t = torch.tensor(cu, dtype=torch.int32).to(dev, non_blocking=True)
-        longest = max(t.num_tokens for t in trajs)
-        return {
-            "ids": torch.tensor([ids], dtype=torch.long).to(dev, non_blocking=True),
-            "attn": None,
-            "packed": {
-                "position_ids": torch.tensor([pos], dtype=torch.long).to(dev, non_blocking=True),
-                "cu_seq_lens_q": cu_t,
-                "cu_seq_lens_k": cu_t,
-                "max_length_q": longest,
-                "max_length_k": longest,
-            },
-            "positions": torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True),
-            "targets": torch.tensor(targets, dtype=torch.long).to(dev, non_blocking=True),
-            "behaviour": torch.tensor(behaviour, dtype=torch.float32).to(dev, non_blocking=True),
-            "advantages": torch.tensor(adv, dtype=torch.float32).to(dev, non_blocking=True),
-            "mask": torch.tensor(mask, dtype=torch.float32).to(dev, non_blocking=True),
-        }
-
     def _forward_logprobs(self, policy: PolicyLogprobs, batch: dict[str, Any]) -> torch.Tensor:
         """Flat log-probs of the batch's response tokens. bf16 autocast on a single CUDA trainer; a sharded one
         computes in bf16 through FSDP's mixed precision instead."""
@@ -702,258 +479,6 @@ class Trainer:
         got = self._logprobs_no_grad(trajs)
         return [got[i].tolist() if i in got else None for i in range(len(trajs))]
 
-    # ---- weights and checkpoints ----------------------------------------------------------------------------
-
-    def publish_names(self) -> list[str]:
-        """The published tensors' names, the keys `save_pretrained` writes: with tied embeddings
-        `lm_head.weight` is left out (it is `model.embed_tokens.weight`) and loaders re-tie it."""
-        if self._names is None:
-            names = [lora.base_name(k) for k in self.model.state_dict()]
-            self._names = [k for k in names if k is not None]  # LoRA: the base model's names, no adapter
-            if _ties_embeddings(self.model):
-                self._names.remove("lm_head.weight")
-        return list(self._names)
-
-    def named_weights(self, check: bool = True) -> dict[str, torch.Tensor]:
-        """The HF state_dict to publish (`publish_names`). The tensors are live views, valid until the next
-        `train_step`; copy them out before training on. On CUDA they stay on the GPU (the publisher copies them
-        into its registered shared-memory slot); with `publish_dtype` they are cast copies, e.g. bf16 for a bf16
-        engine, which halves the bytes on the weight path. Non-finite weights raise `NonFiniteError` instead
-        (`check=False`: the caller checks, see `publish_parts`). A sharded trainer has no whole tensors: see
-        `weight_shards`."""
-        if self.world > 1:
-            raise RuntimeError("a sharded trainer publishes its shards (weight_shards), never whole weights")
-        if check:
-            self.check_finite()
-        dtype = getattr(torch, self.publish_dtype) if self.publish_dtype else None
-        if self.lora:  # rollouts get the merged model, never the adapters
-            return lora.merged_weights(self.model, self.publish_names(), self._merged, dtype)
-        if self.master is not None and dtype == self.master.dtype:  # the compute copy is already that cast
-            if self._compute_views is None:  # refreshed in place after every update: resolved once
-                sd = self.master.compute.state_dict()
-                self._compute_views = {k: sd[k].detach() for k in self.publish_names()}
-            return dict(self._compute_views)
-        sd = self.model.state_dict()
-        return {k: sd[k].detach().to(dtype) if dtype else sd[k].detach() for k in self.publish_names()}
-
-    def weight_shards(self, check: bool = True) -> list[WeightShard]:
-        """This rank's rows of every published tensor (FSDP shards dim 0 in contiguous row blocks), cast to
-        `publish_dtype`: each rank writes them at their offsets into the one flat buffer of the version.
-        The cast rows lie back to back in one buffer, kept between publishes and written by one multi-tensor
-        copy (a cast a tensor cost a launch and an allocation each); the returned rows are views of it, valid
-        until the next call. `check=False`: the caller checks them (`publish_parts`)."""
-        if check:
-            self.check_finite()
-        views = self._shards()
-        self._cast = None
-        dtype = getattr(torch, self.publish_dtype) if self.publish_dtype else views[0].dtype
-        if dtype == views[0].dtype:
-            return list(views)  # published as they are
-        if self._cast_rows is None or self._cast_rows[0].dtype != dtype:
-            # kept between publishes: a fresh allocation of the whole shard each time can make the caching
-            # allocator free its cached blocks first, with a device-wide sync (tens to hundreds of ms)
-            flat = torch.empty(sum(v.local.numel() for v in views), dtype=dtype, device=views[0].local.device)
-            parts = torch.split(flat, [v.local.numel() for v in views])
-            self._cast_rows = (flat, [p.view(v.local.shape) for p, v in zip(parts, views)])
-        flat, cast = self._cast_rows
-        with torch.no_grad():
-            torch._foreach_copy_(cast, [v.local for v in views])
-        self._cast = flat
-        return [WeightShard(v.name, v.shape, dtype, v.first_row, c) for v, c in zip(views, cast)]
-
-    def publish_parts(self) -> tuple[Any, torch.Tensor]:
-        """What a publish copies out, and one flag for all of it queued on the device (1: NaN or inf): a single
-        trainer's whole tensors (`named_weights`), a sharded one's rows (`weight_shards`). After the copy,
-        `raise_nonfinite(flag, summary=True)` judges them, on every rank alike."""
-        if self.world > 1:
-            shards = self.weight_shards(check=False)
-            return shards, self.published_nonfinite()
-        flag = self.nonfinite_flags().max().view(1)
-        return self.named_weights(check=False), flag
-
-    @torch.no_grad()
-    def published_nonfinite(self) -> torch.Tensor:
-        """One flag for all the rows the last `weight_shards` cast, 1 if any is NaN or inf: a single reduction
-        over the bytes that are published (`raise_nonfinite(..., summary=True)` names the parameters only when
-        it is set). Without a cast, the same from the per-parameter `nonfinite_flags`."""
-        if self._cast is None:
-            return self.nonfinite_flags().max().view(1)
-        if not self._cast.numel():
-            return torch.zeros(1, dtype=torch.int32, device=self._cast.device)
-        return (~torch.isfinite(torch.stack(torch.aminmax(self._cast)).float()).all()).int().view(1)
-
-    def _shards(self) -> list[WeightShard]:
-        """This rank's rows of every published tensor as they are (live, in the master dtype), resolved once:
-        a model's state_dict costs milliseconds a call for a sharded model (a DTensor detach a tensor)."""
-        if self._shard_views is None:
-            sd = self.model.state_dict()
-            self._shard_views = [
-                WeightShard(
-                    name,
-                    tuple(sd[name].shape),
-                    sd[name].dtype,
-                    _first_row(sd[name], self.rank, self.world),
-                    _local(sd[name]).detach(),
-                )
-                for name in self.publish_names()
-            ]
-        return self._shard_views
-
-    def save_checkpoint(self, out: str | Path) -> Path:
-        """`out` becomes a whole HF model dir (config, safetensors, and the tokenizer, chat template and
-        generation config of the model it started from) plus the optimizer's moments in `optimizer/`, and the
-        step, optimizer groups and RNG, with no pickle anywhere (see `state_files`). A sharded trainer writes
-        with `torch.distributed.checkpoint`: each rank its own rows, then rank 0 joins the files into the same
-        layout (every rank must call this). Any checkpoint resumes onto any number of ranks."""
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        moments, steps = self._moments()
-        if self.lora:  # the merged model (a resume's replicas and `laminar export` load it) and the adapters
-            merged = lora.merged_weights(self.model, self.publish_names())
-            save_file(
-                {k: v.detach().cpu().contiguous() for k, v in merged.items()},
-                str(out / "model.safetensors"),
-                metadata={"format": "pt"},
-            )
-            self.model.config.save_pretrained(out)
-            if self.model.generation_config is not None:
-                self.model.generation_config.save_pretrained(out)
-            lora.save_adapter(self.model, out / lora.ADAPTER_DIR)
-            save_tensors(moments, out / OPTIMIZER_DIR)
-        elif self.world == 1:
-            self.model.save_pretrained(out)
-            save_tensors(moments, out / OPTIMIZER_DIR)
-        else:
-            save_sharded(self._model_tensors(), out, whole=True)
-            save_sharded(moments, out / OPTIMIZER_DIR, whole=False)
-        if self.critic is not None:
-            self.critic.save(out / CRITIC_DIR)
-        if self.rank == 0:
-            if self.world > 1:
-                self.model.config.save_pretrained(out)
-                if self.model.generation_config is not None:
-                    self.model.generation_config.save_pretrained(out)
-            if self.model_path:
-                copy_tokenizer_files(self.model_path, out)
-            groups = self.optimizer.state_dict()["param_groups"]
-            meta = {"version": self.version, "ranks": self.world, "config": asdict(self.cfg)}
-            rng = {
-                "torch": torch.get_rng_state(),
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-            }
-            save_trainer_state(out, groups, steps, rng, meta)
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
-        return out
-
-    def load_checkpoint(self, path: str | Path) -> None:
-        """Restore what `save_checkpoint` wrote, whatever number of ranks wrote it (`torch.distributed.checkpoint`
-        reads each rank's rows from the files)."""
-        path = check_model_dir(path)
-        groups, steps, rng, meta = load_trainer_state(path)
-        trained = self._trained()
-        names = [n for n, _ in trained]
-        if sorted(steps) != sorted(names):
-            raise CheckpointError(
-                f"{path / 'trainer_state.json'}: optimizer steps for {len(steps)} parameters, but the model has "
-                f"{len(names)} (first difference: {sorted(set(steps) ^ set(names))[:1]}); another model's checkpoint?"
-            )
-        moments = {f"{kind}.{n}": torch.zeros_like(p) for n, p in trained for kind in MOMENTS}
-        try:
-            if self.lora:  # the base is `model_path`'s, frozen: only the adapters were trained
-                adapters = {lora.adapter_key(n): p.detach() for n, p in trained}
-                load_tensors(adapters, path / lora.ADAPTER_DIR, 1)
-            else:
-                load_tensors(self._model_tensors(), path, self.world)
-            load_tensors(moments, path / OPTIMIZER_DIR, self.world)
-        except Exception as e:  # noqa: BLE001 - any reader failure is a bad checkpoint, named
-            raise CheckpointError(f"{path}: the weights or optimizer moments do not load ({e})") from e
-        state = {
-            i: {"step": torch.tensor(float(steps[n]))} | {k: moments[f"{k}.{n}"] for k in MOMENTS}
-            for i, n in enumerate(names)
-        }
-        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
-        if self.critic is not None:
-            self.critic.load(path / CRITIC_DIR)
-        if self.master is not None:
-            self.master.refresh()
-        self.version = int(meta["version"])
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-
-    def _model_tensors(self) -> dict[str, torch.Tensor]:
-        """The parameters by their HF names (a tied head once), as live tensors: DCP reads and writes them."""
-        sd = self.model.state_dict()
-        return {k: sd[k] for k in self.publish_names()}
-
-    def _moments(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-        """AdamW's moments by `exp_avg.NAME` / `exp_avg_sq.NAME`, and each parameter's step count. A parameter
-        with no update yet gets zero moments, which is what AdamW starts from."""
-        tensors, steps = {}, {}
-        for n, p in self._trained():
-            st = self.optimizer.state.get(p, {})
-            steps[n] = int(st["step"]) if "step" in st else 0
-            for kind in MOMENTS:
-                tensors[f"{kind}.{n}"] = st[kind] if kind in st else torch.zeros_like(p)
-        return tensors, steps
-
-
-def _token_advantages(advs: list[float | list[float]] | None, b: int, r: int) -> list[float]:
-    """The advantage of each of sequence b's r response tokens: its one value repeated, or its per-token list."""
-    if advs is None:
-        return [0.0] * r
-    a = advs[b]
-    return list(a) if isinstance(a, list) else [a] * r
-
-
-class MasterWeights:
-    """Mixed precision for one trainer: `compute`, a copy of the fp32 `master` model in `dtype` that runs the
-    forward and backward, and the master that the optimizer updates. As the backward finishes each gradient of
-    the copy, a hook adds it into the master parameter's fp32 gradient and frees it, so micro-batches
-    accumulate in fp32 and the copy holds no gradients between them. `refresh` casts the master into the copy
-    after every update. Tied parameters stay tied: the copy is a deep copy, one tensor where the master has one."""
-
-    def __init__(self, master: nn.Module, dtype: torch.dtype) -> None:
-        self.dtype = dtype
-        self.compute = copy.deepcopy(master).to(dtype)
-        # the trained parameters (LoRA: the adapters; the frozen base is cast once, here)
-        pairs = zip(master.parameters(), self.compute.parameters())
-        self.pairs = [(m, c) for m, c in pairs if m.requires_grad]
-        for m, c in self.pairs:
-            if m.shape != c.shape:
-                raise RuntimeError("the compute copy's parameters do not line up with the master's")
-            c.register_post_accumulate_grad_hook(self._accumulate(m))
-
-    @staticmethod
-    def _accumulate(m: torch.Tensor):
-        def hook(c: torch.Tensor) -> None:
-            if m.grad is None:
-                m.grad = c.grad.to(m.dtype)
-            else:
-                m.grad.add_(c.grad)
-            c.grad = None
-
-        return hook
-
-    @torch.no_grad()
-    def refresh(self) -> None:
-        torch._foreach_copy_([c for _, c in self.pairs], [m for m, _ in self.pairs])
-
-
-@dataclass
-class WeightShard:
-    """Rows [first_row, first_row + len(local)) of the published tensor `name` of `shape`, held by one rank."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    first_row: int
-    local: torch.Tensor
-
 
 def _split_mismatch(sums: dict[str, float]) -> dict[str, float]:
     """Mean |train - rollout| log-prob over the tokens scored with the rollout's own weights
@@ -968,56 +493,3 @@ def _split_mismatch(sums: dict[str, float]) -> dict[str, float]:
         stale_sum = sums.get("mismatch_abs_sum", 0.0) - sums.get("mismatch_same_abs_sum", 0.0)
         out["logprob_mismatch_stale_weights"] = max(stale_sum, 0.0) / stale_n
     return out
-
-
-def _local(p: torch.Tensor) -> torch.Tensor:
-    """A sharded (DTensor) parameter's own rows (the same storage, no autograd); a plain tensor itself."""
-    if hasattr(p, "to_local"):
-        with torch.no_grad():
-            return p.to_local()
-    return p
-
-
-def _first_row(p: torch.Tensor, rank: int, world: int) -> int:
-    """FSDP's dim-0 sharding: rank r holds rows [r c, (r + 1) c) of n, c = ceil(n / world), cut at n."""
-    if world == 1 or not hasattr(p, "to_local"):
-        return 0
-    n = p.shape[0]
-    return min(rank * -(-n // world), n)
-
-
-def compile_layers(model: PreTrainedModel) -> None:
-    """Regional compilation: each decoder layer's forward through torch.compile, in place (the module and its
-    parameter names stay as they are, so sharding, checkpoints and the publish see the same model). Norms,
-    rotary embeddings, activations and casts fuse into a few kernels around the matrix products and the
-    attention; the layers share one compiled graph with dynamic shapes (packed micro-batches change length every
-    step). The policy's forward passes `use_cache=False`: a KV cache object in the layer's arguments changes
-    the graph's guards layer by layer, and the recompile limit then leaves every layer eager."""
-    layers = getattr(model.get_decoder(), "layers", None)
-    if layers is None:
-        raise ValueError(
-            f"trainer.compile: {type(model).__name__} has no decoder layers at model.get_decoder().layers; "
-            "set trainer.compile=false"
-        )
-    for layer in layers:
-        layer.compile(dynamic=True)
-
-
-def shard_policy(
-    policy: PolicyLogprobs, device: torch.device, cpu_offload: bool, reshard_after_forward: bool = True
-) -> None:
-    """FSDP2: each decoder layer its own unit, then the whole policy (embeddings, final norm, output layer). On
-    CUDA: bf16 compute from fp32 master weights, gradients reduced in fp32."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-    kw: dict[str, Any] = {}
-    if device.type == "cuda":
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if cpu_offload:
-        kw["offload_policy"] = CPUOffloadPolicy()
-    if device.type == "cuda" and not cpu_offload:
-        policy.to(device)
-    layers = getattr(policy.model.get_decoder(), "layers", None)
-    for layer in layers if layers is not None else []:
-        fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
-    fully_shard(policy, **kw)

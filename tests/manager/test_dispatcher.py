@@ -49,7 +49,9 @@ def test_the_staleness_bound_reads_the_oldest_group_still_owed_and_survives_a_re
     from laminar.manager.dispatcher import Dispatcher
     from laminar.manager.fleet import Fleet
 
-    rule = Dispatch(groups_per_batch=4, max_outstanding_groups=24, groups_per_step=8, max_lag=0, max_staleness=2)
+    rule = Dispatch(
+        groups_per_batch=4, max_outstanding_groups=24, groups_per_step=8, max_lag=0, max_staleness=2
+    )
     fleet = Fleet(t0=0.0)
     d = Dispatcher(fleet, prompt_pool=None, dispatch=rule)
     old = [PromptGroup(i, [1, 2], 2) for i in range(2)]

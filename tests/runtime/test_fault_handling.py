@@ -285,7 +285,7 @@ def test_a_reward_failing_on_every_answer_stops_the_run_in_seconds_with_one_line
 
 def test_an_error_raised_in_an_actor_task_is_shown_as_its_own_one_line_message(ray_cluster):
     from laminar.telemetry.console import one_line
-    from laminar.trainer.trainer import NonFiniteError
+    from laminar.trainer.finite import NonFiniteError
 
     @ray.remote(num_cpus=0)
     def step():

@@ -87,7 +87,9 @@ def test_max_staleness_never_lets_a_group_train_more_than_k_versions_late():
     for seed in range(200):
         rnd = random.Random(seed)
         k, g = rnd.randint(0, 4), rnd.choice([1, 2, 4, 8])
-        rule = Dispatch(rnd.choice([1, 2, 4]), rnd.choice([g, 2 * g, 3 * g, 6 * g]), g, max_lag=0, max_staleness=k)
+        rule = Dispatch(
+            rnd.choice([1, 2, 4]), rnd.choice([g, 2 * g, 3 * g, 6 * g]), g, max_lag=0, max_staleness=k
+        )
         version, running, complete, dispatched, consumed = 0, {}, [], 0, 0
         seen = (0, 0)  # (version, consumed) as the manager last heard them
         for _ in range(300):

@@ -194,7 +194,9 @@ def test_oldest_version_first_sampler_lowers_the_staleness_tail() -> None:
     from laminar.sim.validation import calibrated, small_gpu_config
 
     cost = calibrated()[0]
-    fifo, _ = simulate(small_gpu_config(cost, schedule="laminar"))  # (no staleness bound: the runs it stands for)
+    fifo, _ = simulate(
+        small_gpu_config(cost, schedule="laminar")
+    )  # (no staleness bound: the runs it stands for)
     oldest, _ = simulate(small_gpu_config(cost, schedule="laminar", sampler="oldest"))
     assert oldest["staleness"]["max"] < fifo["staleness"]["max"]
     with pytest.raises(ValueError, match="sampler='lifo'"):
@@ -223,7 +225,13 @@ def test_laminar_dispatch_policy_keeps_staleness_p99_within_4() -> None:
     p99 stays at 4; without `max_lag` every group starts a version behind and the tail passes 4, for no more
     throughput. (Without the staleness bound, `max_staleness`, which would hold both at 4.)"""
     cfg = SimConfig(
-        model="7B", gpus=64, groups_per_step=128, steps=12, warmup_steps=3, trainer_frac=0.375, max_staleness=-1
+        model="7B",
+        gpus=64,
+        groups_per_step=128,
+        steps=12,
+        warmup_steps=3,
+        trainer_frac=0.375,
+        max_staleness=-1,
     )
     policy, _ = simulate(cfg)
     lagging, _ = simulate(cfg.with_(max_lag=-1))

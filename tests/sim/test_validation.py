@@ -59,7 +59,13 @@ def test_simulated_schedule_is_the_measured_runs_schedule(schedule: str) -> None
     benchmark's config and overrides, and the dispatch bound of the runtime when the runs were made; the model
     path is left out, it is only on the GPU machine)."""
     _, name, extra = next(v for v in BENCH_VARIANTS if v[0] == VARIANTS[schedule])
-    then = ["model.path=", f"schedule.name={name}", "schedule.max_lag=-1", "schedule.max_staleness=-1", *extra]
+    then = [
+        "model.path=",
+        f"schedule.name={name}",
+        "schedule.max_lag=-1",
+        "schedule.max_staleness=-1",
+        *extra,
+    ]
     measured = Schedule.from_config(load_config(GPU_CONFIG, then))
     assert schedule_of(Cluster(small_gpu_config(schedule=schedule))) == measured
 

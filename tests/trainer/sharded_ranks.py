@@ -58,7 +58,7 @@ def publish(tr, flat: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
 
 
 def nonfinite(tr, out: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
-    from laminar.trainer.trainer import NonFiniteError
+    from laminar.trainer.finite import NonFiniteError
 
     p = dict(tr.model.named_parameters())["model.layers.0.mlp.up_proj.weight"]
     if rank == 1:

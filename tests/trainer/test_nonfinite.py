@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from laminar.config import ConfigError, load_config
-from laminar.trainer.trainer import NonFiniteError
+from laminar.trainer.finite import NonFiniteError
 from tests.trainer.test_trainer import make_groups, make_trainer
 
 

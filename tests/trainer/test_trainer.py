@@ -6,7 +6,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from laminar.config import TrainerConfig
 from laminar.data.records import Trajectory
-from laminar.trainer.trainer import ModelPathError, Trainer, check_model_dir
+from laminar.trainer.model_dir import ModelPathError, check_model_dir
+from laminar.trainer.trainer import Trainer
 
 VOCAB = 14
 
