@@ -11,7 +11,6 @@ the same calls in the same order.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,19 +19,19 @@ import torch
 
 from laminar.engine.block_manager import BlockManager
 from laminar.engine.config import ModelConfig, SamplingParams, Speculation
-from laminar.engine.drafter import Drafter, next_draft_len
+from laminar.engine.drafter import Drafter
 from laminar.engine.layout import WeightLayout
 from laminar.engine.model_runner import Launched, ModelRunner
-from laminar.engine.sampler import SamplingBatch, accepted_prefix, request_key
+from laminar.engine.moves import RequestMoves
+from laminar.engine.sampler import SamplingBatch, request_key
 from laminar.engine.scheduler import Scheduler
 from laminar.engine.sequence import (
     EngineStats,
-    ExportedRequest,
     FinishedRequest,
-    MovedKV,
     Sequence,
     StepOutput,
 )
+from laminar.engine.speculative import Speculating
 from laminar.engine.tensor_parallel import TPGroup, local_config, shard_state_dict
 from laminar.engine.weights import load_safetensors_dir, unflatten
 
@@ -42,7 +41,7 @@ CPU_KV_BUDGET = 1 << 30  # default KV cache on CPU: 1 GiB (or less if the runnin
 VERIFY_ROWS = 128
 
 
-class Engine:
+class Engine(RequestMoves, Speculating):
     def __init__(
         self,
         model_config: ModelConfig,
@@ -207,124 +206,10 @@ class Engine:
                 self.drafter.leave(seq.group, seq.stream, seq.token_ids)
                 seq.group = None
 
-    def export_request(self, request_id: str, with_kv: bool = False) -> ExportedRequest:
-        """Remove a request and return what another engine needs to continue it; `with_kv`: with the keys and
-        values it has cached, so an engine of the same weights takes them over instead of prefilling again (under
-        tensor parallelism, this rank's KV heads: the same rank of an engine of the same degree takes them)."""
-        seq = self._seqs.get(request_id)
-        if seq is None:
-            raise KeyError(
-                f"request {request_id!r} is not in this engine (finished, aborted, or never added)"
-            )
-        kv = self.runner.read_kv(seq.block_table, seq.num_cached) if with_kv and seq.num_cached else None
-        self.abort(request_id)
-        return ExportedRequest(
-            request_id=seq.request_id,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            output_token_ids=seq.output_ids,
-            logprobs=list(seq.logprobs),
-            token_versions=list(seq.token_versions),
-            params=seq.params,
-            version=self.version,
-            output_mask=seq.mask() if seq.output_mask else [],
-            parked=seq.parked,
-            kv=kv,
-        )
-
-    def import_request(self, exported: ExportedRequest) -> None:
-        """Queue a moved request; it re-prefills prompt plus outputs, then continues its own sampling stream. A
-        request that was parked (waiting for a tool) stays parked here until `resume`. One that brings its keys
-        and values (`kv`) from an engine of this version starts from them and prefills only the rest, when they
-        fit this engine's cache and free blocks; otherwise it re-prefills as any other."""
-        e = exported
-        if len(e.logprobs) != len(e.output_token_ids):
-            raise ValueError(
-                f"request {e.request_id!r}: {len(e.logprobs)} log-probs for {len(e.output_token_ids)} tokens"
-            )
-        tokens = list(e.prompt_token_ids) + list(e.output_token_ids)
-        self._check_new(e.request_id, len(tokens), "prompt plus outputs")
-        if e.kv is not None and e.kv.shard != self.runner.shard:
-            raise ValueError(
-                f"request {e.request_id!r}: its keys and values are shard {e.kv.shard} (rank, world) but this "
-                f"engine is rank {self.runner.shard[0]} of {self.runner.shard[1]}; give each rank its own rank's "
-                "shard, or between degrees tensor_parallel.gather_kv then split_kv (or export without with_kv)"
-            )
-        versions = list(e.token_versions) or [e.version] * len(e.output_token_ids)
-        seq = Sequence(
-            e.request_id,
-            tokens,
-            len(e.prompt_token_ids),
-            e.params,
-            list(e.logprobs),
-            versions,
-            output_mask=list(e.output_mask),
-        )
-        if e.kv is not None and e.version == self.version:
-            self._take_kv(seq, e.kv)
-        self._admit(seq)
-        if e.parked:
-            self.scheduler.park(seq)
-
-    def _take_kv(self, seq: Sequence, kv: MovedKV) -> None:
-        """Give `seq` blocks holding `kv`, if it matches this model and every block it needs is free (else it
-        re-prefills). A waiting request holding blocks gives them up to one that cannot start otherwise."""
-        if kv.num_tokens >= len(seq) or not self.runner.fits_kv(kv):
-            return
-        if not self.blocks.can_allocate(seq):
-            return
-        self.blocks.allocate(seq)
-        self.runner.write_kv(seq.block_table, kv)
-        seq.num_cached = kv.num_tokens
-
-    # ---- tool turns ---------------------------------------------------------------------------------------
-    def park(self, request_id: str) -> None:
-        """Take a request out of the batch between steps (its model turn ended in a tool call), keeping its
-        cached prefix; `resume` brings it back. Parked requests give their blocks up first when blocks run out."""
-        seq = self._seqs.get(request_id)
-        if seq is None:
-            raise KeyError(
-                f"request {request_id!r} is not in this engine (finished, aborted, or never added)"
-            )
-        if not seq.parked:
-            self.scheduler.park(seq)
-
-    def resume(self, request_id: str, context_ids: list[int]) -> FinishedRequest | None:
-        """Append `context_ids` (a tool's output, as the chat template renders it) to a parked request and queue
-        it: its next prefill covers only what it has not cached (the last sampled token and these), then it
-        samples on from the same stream. The appended tokens are context: mask 0, log-prob 0.0, never trained.
-        A request that no longer fits the context ends here with reason "length" (returned)."""
-        seq = self._seqs.get(request_id)
-        if seq is None or not seq.parked:
-            raise KeyError(f"request {request_id!r} is not parked in this engine; park it before resume")
-        vocab = self.config.vocab_size
-        bad = [t for t in context_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(
-                f"request {request_id!r}: context ids {bad[:5]} outside the vocabulary [0, {vocab})"
-            )
-        if len(seq) + len(context_ids) >= self.max_model_len:
-            return self._finish(seq, "length")
-        mask = seq.mask()
-        seq.token_ids.extend(context_ids)
-        seq.logprobs.extend([0.0] * len(context_ids))
-        seq.token_versions.extend([self.version] * len(context_ids))
-        seq.output_mask = mask + [0] * len(context_ids)
-        self.scheduler.unpark(seq)
-        return None
-
-    def output_mask(self, request_id: str) -> list[int]:
-        """Per output token so far: 1 sampled, 0 appended context."""
-        return self._seqs[request_id].mask()
-
     def has_unfinished(self) -> bool:
         if not self._seqs:
             self._drain()  # every row of a step in flight is dropped: let it end
         return bool(self._seqs) or self._ready is not None
-
-    def progress(self, request_id: str) -> tuple[list[int], list[float]]:
-        """Output tokens and their log-probs so far (what the partial response pool keeps)."""
-        seq = self._seqs[request_id]
-        return seq.output_ids, list(seq.logprobs)
 
     # ---- the loop -----------------------------------------------------------------------------------------
     def step(self) -> StepOutput:
@@ -443,120 +328,6 @@ class Engine:
             out.parked.append(seq.request_id)
             return True
         return False
-
-    # ---- speculation --------------------------------------------------------------------------------------
-    def _may_draft(self, seqs: list[Sequence]) -> bool:
-        """Whether a decode step of `seqs` may verify drafts (then it runs step by step, never queued ahead:
-        a draft continues the tokens the step before sampled)."""
-        spec = self.speculation
-        if spec.mode == "off" or not seqs:
-            return False
-        if spec.mode == "on":
-            return True
-        low = spec.min_acceptance
-        return len(seqs) <= spec.max_batch and any(
-            s.group is not None and s.group.acceptance >= low for s in seqs
-        )
-
-    def _guessing(self, seqs: list[Sequence]) -> bool:
-        spec = self.speculation
-        return spec.mode == "auto" and len(seqs) <= spec.max_batch
-
-    def _drafts(self, seqs: list[Sequence]) -> list[list[int]] | None:
-        """Each scheduled request's draft tokens ([] for none), or None when no request drafts. A draft stops
-        one token short of the request's length limit, and within its share of the step's rows (`VERIFY_ROWS`)
-        and of the free blocks (never preempting anyone for a draft)."""
-        if not self._may_draft(seqs):
-            return None
-        spec, t = self.speculation, time.perf_counter()
-        share = min(spec.max_draft, (self.runner.max_rows - len(seqs)) // len(seqs))
-        low = spec.min_acceptance if spec.mode == "auto" else 0.0
-        free, bs = len(self.blocks.free), self.blocks.block_size
-        caught: set[int] = set()
-        drafts, any_draft = [], False
-        for s in seqs:
-            g, k, n = s.group, min(s.draft_len, share, s.limit - len(s) - 1), len(s)
-            if g is None or k < 1 or g.acceptance < low:
-                drafts.append([])
-                continue
-            if id(g) not in caught:
-                g.catch_up()
-                caught.add(id(g))
-            d = g.propose(s.stream, k)[: (len(s.block_table) + free) * bs - n]
-            free -= max(0, self.blocks.blocks_for(n + len(d)) - len(s.block_table))
-            drafts.append(d)
-            any_draft |= bool(d)
-        self.draft_s += time.perf_counter() - t
-        return drafts if any_draft else None
-
-    def _guess(self, seqs: list[Sequence], tokens: list[int]) -> None:
-        """auto: a request whose group's drafts fell below `min_acceptance` drafts nothing, but the drafter still
-        guesses its next token (one lookup). Whether the token sampled is the guess keeps the group's rate
-        current, so a group whose text comes to agree drafts again. Before any token of the step is appended:
-        a guess sees what a draft before the step would have seen."""
-        t, low, caught = time.perf_counter(), self.speculation.min_acceptance, set()
-        for s, tok in zip(seqs, tokens):
-            g = s.group
-            if g is None or g.acceptance >= low:
-                continue
-            if id(g) not in caught:
-                g.catch_up()
-                caught.add(id(g))
-            guess = g.propose(s.stream, 1)
-            if guess:
-                g.record(int(guess[0] == tok), 1)
-        self.draft_s += time.perf_counter() - t
-
-    def _verify(self, seqs: list[Sequence], drafts: list[list[int]]) -> StepOutput:
-        """One decode step that also checks drafts: a request with draft d_1..d_m takes m + 1 rows, row i reading
-        its tokens plus d_1..d_i (its key and value written at its position), and each row draws the token a
-        plain decode step would draw there. The draft is accepted up to the first token the draws disagree with
-        (`accepted_prefix`); the request gets the accepted tokens and the draw after them, each with the
-        log-prob a plain step records, up to any token that ends or parks it. Rejected tokens' keys and values
-        lie past what the request counts as cached, and the blocks past its new length go back."""
-        rows, lens, ids, starts = [], [], [], []
-        for s, d in zip(seqs, drafts):
-            n = len(s)
-            if d:
-                self.blocks.allocate(s, n + len(d))
-            starts.append(len(rows))
-            rows += [s] * (len(d) + 1)
-            lens += range(n, n + len(d) + 1)
-            ids += [s.token_ids[-1], *d]
-        sb = SamplingBatch.of([s.params for s in rows], [self._keys[s.request_id] for s in rows], lens)
-        tokens, logprobs = self.runner.collect(self.runner.launch_decode(rows, lens, sb, ids=ids))
-        if self._guessing(seqs):
-            plain = [i for i, d in enumerate(drafts) if not d]
-            self._guess([seqs[i] for i in plain], [tokens[starts[i]] for i in plain])
-        out = StepOutput(is_prefill=False, num_tokens=len(rows))
-        version, max_draft = self.version, self.speculation.max_draft
-        for s, d, r in zip(seqs, drafts, starts):
-            m, group = len(d), s.group
-            j = accepted_prefix(d, tokens[r : r + m])
-            kept = 0
-            for tok, lp in zip(tokens[r : r + j + 1], logprobs[r : r + j + 1]):
-                s.token_ids.append(tok)
-                s.logprobs.append(lp)
-                s.token_versions.append(version)
-                kept += 1
-                if (tok in s.watch_tokens or len(s.token_ids) >= s.limit) and self._end(s, tok, out):
-                    break
-            out.new_tokens[s.request_id] = tokens[r : r + kept]
-            self.tokens_generated += kept
-            if self._seqs.get(s.request_id) is s:  # still here (running or parked)
-                s.num_cached = len(s) - 1
-                self.blocks.truncate(s, len(s))
-            if m:
-                self.draft_rows += 1
-                self.draft_tokens += m
-                self.accepted_tokens += j
-                self.verify_tokens += kept
-                if group is not None:
-                    group.record(j, m)
-                s.draft_len = next_draft_len(s.draft_len, j, m, max_draft)
-        self.decode_steps += 1
-        self.verify_steps += 1
-        return out
 
     def _drain(self) -> None:
         """Wait for the step in flight and keep what it produced for the next `step` to return."""

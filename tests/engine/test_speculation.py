@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-import laminar.engine.engine as engine_module
+import laminar.engine.speculative as speculative_module
 from laminar.engine import SamplingParams
 from laminar.engine.config import Speculation
 from laminar.engine.drafter import Drafter, GroupText, next_draft_len
@@ -333,7 +333,7 @@ def test_distribution_matches_the_model(small, top_p):
 
 def test_a_wrong_acceptance_rule_fails_the_distribution_test(small, monkeypatch):
     """The same check with every draft token accepted (the draws after a wrong token are kept): rejected."""
-    monkeypatch.setattr(engine_module, "accepted_prefix", lambda draft, sampled: len(draft))
+    monkeypatch.setattr(speculative_module, "accepted_prefix", lambda draft, sampled: len(draft))
     samples, _ = sample_small(small, 2048, 1.0, 1.0)
     _, _, p = chi_square(samples, exact_probs(small, 1.0, 1.0))
     assert p < P_MIN
