@@ -97,8 +97,10 @@ def test_repacked_and_recovered_trajectories_finish_exactly_as_if_they_had_staye
             "task.length_p99_ratio=4",
             # Moves are between replicas of one version. Every replica starts with 6 groups at version 0 and
             # pulls newer weights only once drained, and any replica's work fits beside another's (64 running,
-            # 256 KV blocks): the first rounds already move, every run.
+            # 256 KV blocks): the first rounds already move, every run. (Without the staleness bound, which at
+            # 2 groups a step would hold the first dispatch to 10 groups and leave the third replica idle.)
             "rollout.groups_per_batch=6",
+            "schedule.max_staleness=-1",
             "rollout.kv_blocks=256",
             "rollout.max_new_tokens=100",
             "trainer.steps=24",
