@@ -14,6 +14,7 @@ the buffer forgets the samples it held of it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from laminar.data.partial_pool import PartialTrajectory
 from laminar.data.records import PromptGroup
@@ -78,3 +79,39 @@ def plan_recovery(work: list[GroupWork], live: dict[int, int]) -> list[Placement
         load[target] += len(samples)
         out.append(Placement(target, w.group, version, samples, restart))
     return out
+
+
+def engine_items(p: Placement, sampling: dict[str, Any], run_seed: int, now: float) -> list[tuple[Any, Any]]:
+    """A placement as the engine imports it: each sample with its own sampling stream (seeded by its id, so it
+    continues exactly), its tokens so far with their loss mask, its tool state (parked on its call if it waited
+    for one), and the replica-side record of it."""
+    from laminar.engine import ExportedRequest, SamplingParams
+    from laminar.rollout.inflight import InFlight, sample_seed
+    from laminar.tools.turns import TurnState
+
+    g, v, items = p.group, p.version, []
+    for idx, e in p.samples:
+        tid = g.traj_id(idx)
+        tokens, logprobs = (list(e.response_ids), list(e.logprobs)) if e is not None else ([], [])
+        mask = list(e.loss_mask) if e is not None and len(e.loss_mask) == len(tokens) else []
+        tool = TurnState.of(e.tool) if e is not None and e.tool is not None else None
+        params = SamplingParams(seed=sample_seed(run_seed, tid), **{**sampling, **g.meta.get("sampling", {})})
+        exported = ExportedRequest(
+            tid,
+            list(g.prompt_ids),
+            tokens,
+            logprobs,
+            [v] * len(tokens),
+            params,
+            v,
+            output_mask=mask,
+            parked=tool is not None and tool.parked,
+        )
+        state = InFlight(g, idx, v, now, list(tokens), list(logprobs), reported=len(tokens), tool=tool)
+        items.append((exported, state))
+    return items
+
+
+def lost_calls(items: list[tuple[Any, Any]]) -> int:
+    """Tool calls these recovered samples waited for whose result was lost: their new replica runs them again."""
+    return sum(s.tool is not None and s.tool.parked and s.tool.result is None for _, s in items)

@@ -6,81 +6,30 @@ it), and dead replicas are replaced in parallel after their work is recovered on
 
 Replicas and relays are made by the run's factory (`laminar.runtime.factory.Factory`), the same way at start
 and on replacement, and named by it, so a restarted manager finds them again (`resume`); recovery decisions are
-the pure `plan_recovery`."""
+the pure `plan_recovery`. Its other jobs are mixed in: recovery (`recovering.py`) and the relay chain's repair
+(`relay_repair.py`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 
-from laminar.data.partial_pool import PartialTrajectory
-from laminar.data.records import PromptGroup
 from laminar.manager.fleet import Fleet
-from laminar.manager.recovery import GroupWork, Placement, plan_recovery
-from laminar.relay.chain import build_chain
+from laminar.manager.recovering import NoLiveReplica, Recovering
+from laminar.manager.relay_repair import MachineLost, RelayRepair
 
 log = logging.getLogger(__name__)
 UNREACHABLE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, TimeoutError)
-RELINK_TRIES = 3  # a relink that timed out is tried again this many times in all, a watch period apart
-
-
-class MachineLost(RuntimeError):
-    """A relay could not start on a machine: it is gone, or going."""
-
-
-class NoLiveReplica(RuntimeError):
-    """Work to place and no live replica to take it."""
-
-
-def alive_nodes() -> set[str]:
-    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
 def repeated_failure(signatures: list[str], in_a_row: int) -> bool:
     """True when the last `in_a_row` replica errors are the same error (`describe_error`'s signature)."""
     return len(signatures) >= in_a_row and len(set(signatures[-in_a_row:])) == 1
-
-
-def engine_items(p: Placement, sampling: dict[str, Any], run_seed: int, now: float) -> list[tuple[Any, Any]]:
-    """A placement as the engine imports it: each sample with its own sampling stream (seeded by its id, so it
-    continues exactly), its tokens so far with their loss mask, its tool state (parked on its call if it waited
-    for one), and the replica-side record of it."""
-    from laminar.engine import ExportedRequest, SamplingParams
-    from laminar.rollout.inflight import InFlight, sample_seed
-    from laminar.tools.turns import TurnState
-
-    g, v, items = p.group, p.version, []
-    for idx, e in p.samples:
-        tid = g.traj_id(idx)
-        tokens, logprobs = (list(e.response_ids), list(e.logprobs)) if e is not None else ([], [])
-        mask = list(e.loss_mask) if e is not None and len(e.loss_mask) == len(tokens) else []
-        tool = TurnState.of(e.tool) if e is not None and e.tool is not None else None
-        params = SamplingParams(seed=sample_seed(run_seed, tid), **{**sampling, **g.meta.get("sampling", {})})
-        exported = ExportedRequest(
-            tid,
-            list(g.prompt_ids),
-            tokens,
-            logprobs,
-            [v] * len(tokens),
-            params,
-            v,
-            output_mask=mask,
-            parked=tool is not None and tool.parked,
-        )
-        state = InFlight(g, idx, v, now, list(tokens), list(logprobs), reported=len(tokens), tool=tool)
-        items.append((exported, state))
-    return items
-
-
-def lost_calls(items: list[tuple[Any, Any]]) -> int:
-    """Tool calls these recovered samples waited for whose result was lost: their new replica runs them again."""
-    return sum(s.tool is not None and s.tool.parked and s.tool.result is None for _, s in items)
 
 
 @dataclass(frozen=True)
@@ -92,7 +41,7 @@ class Watch:
     start_timeout_s: float = 600.0  # longest a replica's start may take (model, engine warm-up, CUDA graphs)
 
 
-class Supervisor:
+class Supervisor(Recovering, RelayRepair):
     def __init__(
         self,
         fleet: Fleet,
@@ -392,222 +341,7 @@ class Supervisor:
             return
         raise RuntimeError(f"no replacement for replica {dead} could start: {last!r}")
 
-    async def recover(self, dead: int) -> None:
-        """Every trajectory the dead replica owed: in flight (from the partial pool, which keeps each group's row)
-        or dispatched to it and never begun (neither in the pool nor in the buffer). Samples repack moved away are
-        in the pool under their destination and stay there."""
-        async with self.fleet.placing:
-            entries = await self.partial_pool.on_replica.remote(dead)
-            groups = dict(self.fleet.owed.get(dead, {}))
-            for e in entries:
-                groups.setdefault(e.group_id, e.group())
-            placed = await self.place(entries, groups)
-            self.fleet.forget(dead)  # only now: a manager lost meanwhile recovers it again
-            self.fleet.event("recovery", replica=dead, in_flight=len(entries), **placed)
-
-    async def place(
-        self, homeless: list[PartialTrajectory], groups: dict[int, PromptGroup]
-    ) -> dict[str, int]:
-        """Find a replica for each group with homeless samples (`plan_recovery`), version by version: a group
-        whose version no live replica holds restarts whole, and the buffer forgets what it held of it. A target
-        that changed version before the import refuses it; the group is planned again (bounded). The caller
-        holds `fleet.placing`."""
-        fleet = self.fleet
-        done = {"recovered": 0, "restarted": 0, "restarted_groups": 0, "tool_reruns": 0}
-        by_group: dict[int, list[PartialTrajectory]] = {}
-        for e in homeless:
-            by_group.setdefault(e.group_id, []).append(e)
-        pending = set(groups)
-        for _ in range(3):
-            work = await self._group_work(
-                {g: groups[g] for g in pending}, {g: by_group.get(g, []) for g in pending}
-            )
-            # one that does not answer in time (hung, or its machine going) takes nothing: the watch deals with it
-            snaps = await asyncio.gather(*[self._snapshot_of(h) for h in fleet.handles.values()])
-            live = {s["replica"]: s["version"] for s in snaps if s and not s.get("error")}
-            if not live:
-                raise NoLiveReplica(f"no live replica is left to take the work of groups {sorted(pending)}")
-            pending = set()
-            for p in plan_recovery(work, live):
-                items = engine_items(p, self.sampling, self.run_seed, time.time())
-                gid, ids = p.group.group_id, [e.request_id for e, _ in items]
-                if p.restart and not await self.buffer.restart_group.remote(
-                    gid, [p.group.traj_id(i) for i in range(p.group.n)], p.version
-                ):
-                    continue  # it completed meanwhile
-                try:
-                    refused = await fleet.handles[p.replica].import_requests.remote(items)
-                except ray.exceptions.RayError:
-                    refused = ids  # it died or its loop stopped: plan again without it
-                if refused:
-                    pending.add(gid)
-                    continue
-                fresh = [s.sample_idx for e, s in items if not e.output_token_ids]
-                if p.restart or fresh:
-                    await self.partial_pool.restart.remote(p.group, fresh, p.replica, p.version)
-                kept = [e.request_id for e, _ in items if e.output_token_ids]
-                if kept:
-                    await self.partial_pool.move.remote(kept, p.replica)
-                done["recovered"] += len(kept)
-                done["tool_reruns"] += lost_calls(items)
-                done["restarted"] += len(fresh)
-                done["restarted_groups"] += p.restart
-                fleet.owe(p.replica, p.group, p.version)
-            if not pending:
-                break
-        else:
-            fleet.event("recovery_failed", groups=sorted(pending))
-        fleet.count("recovered_trajectories", done["recovered"])
-        fleet.count("restarted_trajectories", done["restarted"])
-        fleet.count("restarted_groups", done["restarted_groups"])
-        fleet.count("tool_reruns", done["tool_reruns"])
-        return done
-
-    async def _group_work(
-        self, groups: dict[int, PromptGroup], homeless: dict[int, list[PartialTrajectory]]
-    ) -> list[GroupWork]:
-        """What the planner needs of each group: its homeless samples, those never begun, and every version its
-        samples run or ran at (in flight anywhere, or held by the buffer)."""
-        flying = await self.partial_pool.of_groups.remote(sorted(groups))
-        work = []
-        for gid, group in groups.items():
-            ids = [group.traj_id(i) for i in range(group.n)]
-            seen, held_versions = await self.buffer.group_state.remote(gid, ids)
-            here = {e.traj_id for e in flying if e.group_id == gid}
-            lost = {e.traj_id for e in homeless[gid]}
-            unstarted = [i for i, t in enumerate(ids) if t not in here and t not in seen and t not in lost]
-            versions = {e.version for e in flying if e.group_id == gid} | held_versions
-            versions |= {e.version for e in homeless[gid]}
-            work.append(GroupWork(group, homeless[gid], unstarted, versions))
-        return work
-
     # ---- relays ------------------------------------------------------------------------------------------
-    async def _new_relay(self, node: str, master: bool = False) -> Any:
-        """A relay started on `node` and placed in the chain, first if it is the master, else last; the caller
-        relinks."""
-        fleet = self.fleet
-        self.change("relay_made", n=self.relays_made + 1)
-        name = f"relay-{'master' if master else node[:6]}-r{self.relays_made}"  # unique within the run
-        relay = self.factory.relay(node, name)
-        fleet.relay_names[relay._actor_id] = name
-        try:  # a machine that is going away (not yet known dead) never starts it: do not wait on it forever
-            await asyncio.wait_for(self.factory.ready(relay), self.watch.dead_after_s * 2)
-        except (TimeoutError, ray.exceptions.RayError) as e:
-            ray.kill(relay)
-            raise MachineLost(f"no relay could start on machine {node}: {e!r}") from e
-        if master:
-            fleet.relays.insert(0, relay)
-        else:
-            fleet.relay_of_node[node] = relay
-            fleet.relays.append(relay)
-        fleet.chain_changed()
-        return relay
-
-    async def _replace_relay(self, dead: Any, replace: bool = True) -> None:
-        """Relink the chain without it at once, then start a new one on its node if that machine is alive (a
-        node relay's replicas re-point to it; a new master is picked up by the trainer after its next step,
-        `Runtime.train`). A relay whose machine is gone is not replaced there: that machine's replicas are
-        dead too, and their replacements bring up a relay wherever they land. Without `replace` (the run is
-        ending) it is only dropped from the chain, logged and counted."""
-        fleet = self.fleet
-        ray.kill(dead)  # a hung one too
-        was_master = bool(fleet.relays) and fleet.relays[0]._actor_id == dead._actor_id
-        fleet.relays = [r for r in fleet.relays if r._actor_id != dead._actor_id]
-        node = fleet.master_node if was_master else None
-        if not was_master:
-            node = next((n for n, r in fleet.relay_of_node.items() if r._actor_id == dead._actor_id), None)
-            if node is not None:
-                del fleet.relay_of_node[node]
-        fleet.chain_changed()
-        await self._relay_lost(node, was_master, replace)
-
-    async def _relay_lost(self, node: str | None, was_master: bool, replace: bool = True) -> None:
-        """A relay gone from the chain (already relinked out of `fleet`): counted, and, where its machine is
-        alive, replaced. Its `failure` record is written once the outcome is known (`replaced`, and the `error`
-        that kept it from being replaced), so the log never says `replaced: false` of a relay that was; its time
-        is when the loss was found."""
-        fleet = self.fleet
-        fleet.count("relays")
-        found, outcome = time.time(), {"replaced": False}
-        try:
-            if replace:
-                await self._replace_lost_relay(node, was_master, outcome)
-        except Exception as e:
-            outcome["error"] = repr(e)
-            raise
-        finally:  # timed when it was found, not when the replacement was done
-            fleet.event("failure", t=found, what="relay", node=node, **outcome)
-
-    async def _replace_lost_relay(self, node: str | None, was_master: bool, outcome: dict[str, Any]) -> None:
-        fleet = self.fleet
-        alive = node is not None and node in await asyncio.get_running_loop().run_in_executor(
-            None, alive_nodes
-        )
-        if fleet.relays:  # the rest of the chain keeps flowing while the replacement starts
-            try:
-                await self._relink_retried()
-            except ray.exceptions.ActorDiedError:  # another relay died too: the watch replaces it next
-                pass
-        if not alive:
-            return
-        try:
-            relay = await self._new_relay(node, master=was_master)
-        except MachineLost as e:  # the machine went with its relay; its replicas' replacements go elsewhere
-            outcome["error"] = str(e)
-            return
-        outcome["replaced"] = True
-        if not was_master:  # a master is picked up by the trainer after its next step
-            await asyncio.gather(
-                *[
-                    fleet.handles[rid].set_relay.remote(relay)
-                    for rid, n in fleet.node_of_replica.items()
-                    if n == node and fleet.handles.get(rid) is not None
-                ]
-            )
-        try:
-            await self._relink_retried()
-        except ray.exceptions.ActorDiedError as e:  # another relay died meanwhile: the watch replaces it next
-            outcome["relink_error"] = repr(e)
-
-    async def _relink_retried(self) -> None:
-        """`relink`, tried `RELINK_TRIES` times a watch period apart: a relink that timed out under load is not
-        the chain's loss. A relay that died meanwhile still fails it: the watch finds that one and replaces it."""
-        for attempt in range(1, RELINK_TRIES + 1):
-            try:
-                await self.relink()
-                return
-            except ray.exceptions.ActorDiedError:
-                raise
-            except (TimeoutError, ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as e:
-                if attempt == RELINK_TRIES:
-                    raise
-                log.warning("relinking the relay chain (try %d of %d): %r", attempt, RELINK_TRIES, e)
-                await asyncio.sleep(self.watch.heartbeat_s)
-
-    async def relink(self) -> None:
-        relays, timeout = list(self.fleet.relays), self.watch.timeout_s
-        await asyncio.get_running_loop().run_in_executor(None, lambda: build_chain(relays, timeout=timeout))
-
-    async def move_master(self, node: str) -> list[Any]:
-        """The trainer came back on another machine: a new master relay there heads the chain (the old one,
-        alive or not, is dropped). Returns the new chain."""
-        fleet = self.fleet
-        head = fleet.relays[0] if fleet.relays else None
-        node_relays = {r._actor_id for r in fleet.relay_of_node.values()}
-        if (
-            fleet.master_node == node
-            and head is not None
-            and head._actor_id not in node_relays
-            and await self._answers(head.ping.remote())
-        ):  # asked again (the driver's call retried after the manager's loss): it is there already
-            return list(fleet.relays)
-        if head is not None and head._actor_id not in node_relays:
-            ray.kill(fleet.relays.pop(0))
-        fleet.master_node = node
-        fleet.chain_changed()
-        await self._new_relay(node, master=True)
-        await self._relink_retried()
-        return list(fleet.relays)
 
 
 async def _within(

@@ -15,8 +15,7 @@ import pytest
 from laminar.data.partial_pool import PartialPool
 from laminar.data.records import PromptGroup
 from laminar.engine import SamplingParams
-from laminar.manager.recovery import GroupWork, plan_recovery
-from laminar.manager.supervisor import engine_items, lost_calls
+from laminar.manager.recovery import GroupWork, engine_items, lost_calls, plan_recovery
 from laminar.rollout.inflight import sample_seed
 from laminar.rollout.replica import export_request, import_request, progress_update
 from laminar.tools.registry import ToolCall

@@ -8,8 +8,7 @@ import asyncio
 from laminar.data.experience_buffer import ExperienceBuffer
 from laminar.data.partial_pool import PartialPool, PartialTrajectory
 from laminar.data.records import PromptGroup, Trajectory
-from laminar.manager.recovery import GroupWork, plan_recovery
-from laminar.manager.supervisor import engine_items
+from laminar.manager.recovery import GroupWork, engine_items, plan_recovery
 from laminar.rollout.inflight import sample_seed
 from tests.manager.local import Replica, item, manager_over
 
