@@ -105,7 +105,7 @@ def test_the_config_needs_the_calculator_and_the_rows_are_the_task(tmp_path):
         load_config(overrides=["task.name=tool_arith"])
     cfg = load_config(overrides=["task.name=tool_arith", "task.tools=[calculator]", "task.num_prompts=5"])
     from laminar.data.dataset import train_rows
-    from laminar.runtime.launch import eval_rows
+    from laminar.runtime.lifetime import eval_rows
 
     rows = train_rows(cfg)
     assert len(rows) == 5 and rows[0]["ground_truth"] == rows[0]["answer"]

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from laminar.config import load_config
-from laminar.runtime.launch import CONTROL
+from laminar.runtime.lifetime import CONTROL
 from laminar.telemetry.provenance import code_digest
 from laminar.train import train
 
