@@ -4,7 +4,8 @@ The loop is the design's, section 3: pull the newest version from the node's rel
 groups, decode them to the end (streaming progress to the partial response pool, scoring finished trajectories
 off the decode loop, their rewards in the scorer's worker processes), and start again. The manager's repack and
 recovery commands (export, import) are applied by the loop thread between two engine steps, so the engine is only
-ever touched by one thread.
+ever touched by one thread. Mixed in: the moves (`moves.py`) and the store path of finished trajectories
+(`storing.py`).
 """
 
 from __future__ import annotations
@@ -25,54 +26,14 @@ import torch
 from laminar.data.records import PromptGroup, Trajectory, is_eval
 from laminar.rewards.loader import ScoringPool
 from laminar.rollout.inflight import InFlight, sample_seed
+from laminar.rollout.moves import Moves, progress_update
+from laminar.rollout.storing import Storing, describe_error
 
 # threads a replica scores finished trajectories on: each decodes a response and waits while its reward runs in
 # one of the scorer's worker processes (`laminar.rewards.loader.REWARD_PROCESSES`)
 SCORE_WORKERS = 4
-# How long an export waits for the tool calls of the requests it moves (off the decode loop). A call still running
-# after that keeps its request here: a tool runs once per turn, and only recovery may run one again.
-TOOL_EXPORT_WAIT_S = 1.0
 # Longest a replica waits for the partial response pool to record a tool call before the call runs.
 POOL_ACK_S = 30.0
-
-
-def describe_error(exc: BaseException) -> tuple[str, str]:
-    """(one line, signature) of an error: the line a person reads, and what makes two failures "the same" (its
-    type and the place it was raised, not its message, which often names a request id)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
-    line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
-    return line, f"{type(exc).__name__} at {where}"
-
-
-def export_request(engine: Any, tools: Any, rid: str, with_kv: bool = False) -> tuple[Any, Any]:
-    """A request out of this replica with its tool state (`TurnState`, or None without tools): a parked one goes
-    with its pending call and, once the call is back, its result. Raises while its call still runs. `with_kv`:
-    with its cached keys and values (a repack move to a replica of the same weights)."""
-    tool = tools.export(rid) if tools is not None else None
-    return engine.export_request(rid, with_kv=with_kv), tool
-
-
-def import_request(engine: Any, tools: Any, exported: Any, tool: Any) -> None:
-    """A moved or recovered request into this replica; one parked on a call resumes with the call's result when it
-    came with it, else the call runs again here (counted in `tools.reruns`)."""
-    rid = exported.request_id
-    if exported.parked and (tools is None or tool is None or not tool.parked):
-        raise ValueError(f"request {rid!r} is parked on a tool call but came without that call")
-    engine.import_request(exported)
-    if tools is not None and tool is not None:
-        tools.import_(rid, tool)
-
-
-def progress_update(engine: Any, tools: Any, rid: str, reported: int) -> tuple:
-    """What the partial response pool gets of a request past its first `reported` tokens: the tokens and their
-    log-probs, and with tools their loss mask and the tool state they end in."""
-    tokens, logprobs = engine.progress(rid)
-    if tools is None:
-        return tokens[reported:], logprobs[reported:]
-    tool = tools.state(rid)
-    mask = engine.output_mask(rid)[reported:]
-    return tokens[reported:], logprobs[reported:], mask, tool.as_dict() if tool is not None else None
 
 
 @dataclass
@@ -81,7 +42,7 @@ class _Command:
     done: cf.Future = field(default_factory=cf.Future)
 
 
-class RolloutReplica:
+class RolloutReplica(Moves, Storing):
     """Plain class; `laminar.rollout.actor` wraps it in a threaded Ray actor."""
 
     def __init__(
@@ -173,49 +134,6 @@ class RolloutReplica:
         cmd = _Command(fn)
         self.commands.put(cmd)
         return cmd.done.result(timeout=timeout_s or self.timeout_s)
-
-    def export_requests(
-        self, request_ids: list[str], wait_s: float = TOOL_EXPORT_WAIT_S, with_kv: bool = False
-    ) -> list[tuple[Any, InFlight]]:
-        """Remove these requests (those still here) with their tool state: a parked one goes with its pending
-        call and, once the call is back, its result. Their running calls are waited for up to `wait_s`, on the
-        caller's thread while the loop decodes on; a request whose call is still running after that stays."""
-        if self.tools is not None:
-            running = self.run_in_loop(lambda: self.tools.running(request_ids))
-            cf.wait(running, timeout=wait_s)
-
-        def export() -> list[tuple[Any, InFlight]]:
-            out = []
-            for rid in request_ids:
-                if rid not in self.inflight or (self.tools is not None and self.tools.busy(rid)):
-                    continue
-                exported, tool = export_request(self.engine, self.tools, rid, with_kv)
-                state = self.inflight.pop(rid)
-                state.tool = tool
-                out.append((exported, state))
-            return out
-
-        return self.run_in_loop(export)
-
-    def import_requests(self, items: list[tuple[Any, InFlight]]) -> list[str]:
-        """Accept moved or recovered trajectories of this replica's version (from their tokens so far, or from
-        their prompt when they have none); returns the ids refused (version differs)."""
-
-        def import_() -> list[str]:
-            refused = []
-            for exported, state in items:
-                rid = state.group.traj_id(state.sample_idx)
-                if state.version != self.engine.version:
-                    refused.append(rid)
-                    continue
-                if rid in self.inflight:  # here already (a move a lost manager had made): taken
-                    continue
-                tool, state.tool = state.tool, None
-                import_request(self.engine, self.tools, exported, tool)
-                self.inflight[rid] = state
-            return refused
-
-        return self.run_in_loop(import_)
 
     def snapshot(self) -> dict[str, Any]:
         """The replica's state. Once its loop has died no heartbeat will send the reward errors scored since
@@ -437,72 +355,6 @@ class RolloutReplica:
                     ray.get(ref, timeout=POOL_ACK_S)
                 except ray.exceptions.GetTimeoutError:
                     pass  # the calls start regardless; a re-run after a death in this window goes uncounted
-
-    def _finish(self, fin: Any) -> None:
-        self.finishing.add(fin.request_id)
-        state = self.inflight.pop(fin.request_id)
-        if self.tools is not None:
-            self.tools.forget(fin.request_id)
-        traj = Trajectory(
-            traj_id=fin.request_id,
-            group_id=state.group.group_id,
-            sample_idx=state.sample_idx,
-            prompt_ids=list(state.group.prompt_ids),
-            response_ids=list(fin.output_token_ids),
-            logprobs=list(fin.logprobs),
-            version=state.version,
-            finish_reason=fin.finish_reason,
-            token_versions=list(fin.token_versions) if len(set(fin.token_versions)) > 1 else [],
-            reprefill_tokens=fin.reprefill_tokens,
-            loss_mask=list(fin.output_mask),
-            replica=self.id,
-            t_start=state.t_start,
-            t_end=time.time(),
-        )
-        # a failing reward scores 0 and is noted on the trajectory; only a failed store fails the future
-        self.scoring.submit(traj, state.group.meta, self._store).add_done_callback(self._stored)
-
-    def _stored(self, future: cf.Future) -> None:
-        """A finished trajectory that did not reach the buffer would be lost silently: the replica is declared
-        dead instead, so the manager recovers the work it owes and replaces it."""
-        exc = None if future.cancelled() else future.exception()
-        if exc is not None and self.error is None:
-            self.error_line, self.error_kind = describe_error(exc)
-            self.error = "".join(traceback.format_exception(exc))
-
-    def _store(self, traj: Trajectory) -> None:
-        self._scored.put(traj)
-
-    def _store_loop(self) -> None:
-        """Scored trajectories to the experience buffer: everything waiting goes in one call, so a batch whose
-        samples finish together costs a few round trips, not one a sample. A store that fails declares the
-        replica dead (its trajectories would be lost silently otherwise): the manager recovers what it owes."""
-        done = False
-        while not done:
-            batch = [self._scored.get()]
-            while True:
-                try:
-                    batch.append(self._scored.get_nowait())
-                except queue.Empty:
-                    break
-            done = None in batch
-            trajs = [t for t in batch if t is not None]
-            try:
-                self._send(trajs)
-            except Exception as exc:  # noqa: BLE001 - recorded as the replica's error, which the manager acts on
-                if self.error is None:
-                    self.error_line, self.error_kind = describe_error(exc)
-                    self.error = "".join(traceback.format_exception(exc))
-
-    def _send(self, trajs: list[Trajectory]) -> None:
-        evals = [t for t in trajs if is_eval(t.group_id)]  # kept aside for the evaluator, never trained on
-        train = [t for t in trajs if not is_eval(t.group_id)]
-        if evals:
-            ray.get(self.buffer.add_eval_many.remote(evals), timeout=self.timeout_s)
-        if train:
-            ray.get(self.buffer.add_many.remote(train), timeout=self.timeout_s)
-            self.partial_pool.finish_many.remote([t.traj_id for t in train])
-        self.finishing.difference_update(t.traj_id for t in trajs)
 
     def _beat(self, force: bool = False) -> Any:
         now = time.time()

@@ -17,7 +17,7 @@ from laminar.data.records import PromptGroup
 from laminar.engine import SamplingParams
 from laminar.manager.recovery import GroupWork, engine_items, lost_calls, plan_recovery
 from laminar.rollout.inflight import sample_seed
-from laminar.rollout.replica import export_request, import_request, progress_update
+from laminar.rollout.moves import export_request, import_request, progress_update
 from laminar.tools.registry import ToolCall
 from laminar.tools.sandbox import ToolResult
 from laminar.tools.turns import ToolTurns

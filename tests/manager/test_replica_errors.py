@@ -4,7 +4,7 @@ Reward errors a replica reports with its heartbeat become run records."""
 from laminar.config import Config
 from laminar.manager.manager import RolloutManager
 from laminar.manager.supervisor import repeated_failure
-from laminar.rollout.replica import describe_error
+from laminar.rollout.storing import describe_error
 from laminar.schedules.schedule import Schedule
 
 
