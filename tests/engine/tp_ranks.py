@@ -14,6 +14,7 @@ import torch.distributed as dist
 from laminar.engine import Engine, ModelConfig, SamplingParams, flatten_state_dict
 from laminar.engine.model import CausalLM
 from laminar.engine.tensor_parallel import TPGroup
+from tests.gloo_ranks import finish_rank
 
 SHAPE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, max_position_embeddings=256)
 CONFIGS = {
@@ -127,5 +128,7 @@ def rank_main(rank: int, world: int, port: int, out: str) -> None:
         results["moved"] = {name: move(cfg, tp) for name, cfg in CONFIGS.items()}
         results["diverged"] = diverged(tp)
         (Path(out) / f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    finish_rank()

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from tests.gloo_ranks import finish_rank
+
 
 def rank_main(rank: int, world: int, port: int, out: str, mode: str, ckpt: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -39,8 +41,10 @@ def rank_main(rank: int, world: int, port: int, out: str, mode: str, ckpt: str) 
                 | {"metric.loss": torch.tensor([metrics["loss"], metrics["grad_norm"], metrics["tokens"]])},
                 os.path.join(out, "params.safetensors"),
             )
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    finish_rank()
 
 
 def publish(tr, flat: Path, rank: int) -> None:  # noqa: ANN001 - a Trainer
@@ -100,8 +104,10 @@ def uneven_main(rank: int, world: int, port: int, out: str) -> None:
                 | {"metric.loss": torch.tensor([metrics["loss"], metrics["idle_passes"]])},
                 os.path.join(out, "params.safetensors"),
             )
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    finish_rank()
 
 
 def algorithm_main(rank: int, world: int, port: int, out: str, name: str) -> None:
@@ -123,5 +129,7 @@ def algorithm_main(rank: int, world: int, port: int, out: str, name: str) -> Non
                 | {"metric.loss": torch.tensor([metrics["loss"]])},
                 os.path.join(out, "params.safetensors"),
             )
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    finish_rank()

@@ -13,6 +13,7 @@ from laminar.config import ConfigError, RolloutConfig, load_config
 from laminar.trainer.logprobs import PolicyLogprobs, _ChunkedLogprob, chunked_logprobs, truncate
 from laminar.trainer.trainer import Trainer
 from tests.engine.test_truncated_sampling import SETTINGS, reference_kept, reference_logprob
+from tests.gloo_ranks import finish_rank
 from tests.trainer.test_engine_agreement import tiny_model
 from tests.trainer.test_sharded import CFG, batch, free_port, model
 
@@ -125,8 +126,10 @@ def sharded_rank(rank: int, world: int, port: int, out: str) -> None:
         full = {k: v.full_tensor().contiguous() for k, v in tr.model.state_dict().items()}
         if rank == 0:
             save_file(full | {"loss": torch.tensor([loss])}, f"{out}/params.safetensors")
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    finish_rank()
 
 
 def test_two_ranks_take_the_single_trainers_truncated_step(tmp_path):
