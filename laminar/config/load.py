@@ -9,7 +9,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
-from laminar.config.schema import Config, ConfigError, _check
+from laminar.config.checks import ConfigError, check_field
+from laminar.config.schema import Config
 from laminar.data.experience_buffer import SAMPLERS
 from laminar.schedules.schedule import NAMES as SCHEDULE_NAMES
 from laminar.tasks import TASKS
@@ -130,7 +131,7 @@ def validate(cfg: Config) -> None:
 
 def check_names(cfg: Config) -> None:
     """The names the registries own: a task, a buffer sampler, a schedule, the tools."""
-    _check(
+    check_field(
         cfg.task.name in TASKS or cfg.task.name.endswith(".jsonl"), "task.name", cfg.task.name, task_choices()
     )
     task = TASKS.get(cfg.task.name)
@@ -139,13 +140,13 @@ def check_names(cfg: Config) -> None:
             task.check(cfg)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    _check(
+    check_field(
         cfg.buffer.sampler in SAMPLERS or ":" in cfg.buffer.sampler,
         "buffer.sampler",
         cfg.buffer.sampler,
         f"one of {', '.join(SAMPLERS)} or a dotted path module:function",
     )
-    _check(
+    check_field(
         cfg.schedule.name in SCHEDULE_NAMES, "schedule.name", cfg.schedule.name, " | ".join(SCHEDULE_NAMES)
     )
     if cfg.task.tools:
