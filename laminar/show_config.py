@@ -8,7 +8,8 @@ import sys
 
 import yaml
 
-from laminar.config import ConfigError, load_config
+from laminar.config import ConfigError
+from laminar.config.load import load_config
 from laminar.rewards.stop import choose_reward
 
 

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from laminar.config import ConfigError, load_config, lr_warning
+from laminar.config import ConfigError, lr_warning
+from laminar.config.load import load_config
 
 
 def test_defaults_are_the_demo_and_valid():

@@ -1,9 +1,9 @@
 """Typed configuration: the schema (`schema.py`, with the task, rollout and trainer sections in modules of their
-own: one dataclass a section, its checks beside its fields; a leaf of the package graph) and its loading from YAML with dotted overrides (`load.py`), validated when loaded, naming the
-field at fault."""
+own: one dataclass a section, its checks beside its fields; a leaf of the package graph) and its loading from YAML with dotted overrides (`laminar.config.load.load_config`), validated when loaded, naming the
+field at fault. This package re-exports the schema alone, so importing it never imports the registries that
+`load` checks names against."""
 
 from laminar.config.checks import ConfigError
-from laminar.config.load import check_names, load_config, parse_override, validate
 from laminar.config.rollout import RolloutConfig
 from laminar.config.schema import (
     HIGH_LORA_LR,
@@ -42,9 +42,5 @@ __all__ = [
     "ScheduleConfig",
     "TaskConfig",
     "TrainerConfig",
-    "check_names",
-    "load_config",
     "lr_warning",
-    "parse_override",
-    "validate",
 ]

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from laminar.config.checks import check_field
-
-if TYPE_CHECKING:
-    from laminar.config.schema import Config
 
 
 @dataclass
@@ -45,8 +42,9 @@ class RolloutConfig:
     speculation_max_batch: int = 16
     speculation_min_acceptance: float = 0.5
 
-    def check(self, cfg: Config) -> None:
-        """Raise `ConfigError` naming the first field of this section that is wrong."""
+    def check(self, cfg: Any) -> None:
+        """Raise `ConfigError` naming the first field of this section that is wrong (`cfg`: the whole `Config`, for
+        the fields of other sections this one depends on)."""
         t = cfg.trainer
         check_field(
             all(t >= 0 for t in self.stop_token_ids),

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from laminar.config.checks import check_field
-
-if TYPE_CHECKING:
-    from laminar.config.schema import Config
 
 
 @dataclass
@@ -51,8 +48,9 @@ class TaskConfig:
     tool_latency_p99_ratio: float = 10.0
     tool_output_tokens: int = 32
 
-    def check(self, cfg: Config) -> None:
-        """Raise `ConfigError` naming the first field of this section that is wrong."""
+    def check(self, cfg: Any) -> None:
+        """Raise `ConfigError` naming the first field of this section that is wrong (`cfg`: the whole `Config`, for
+        the fields of other sections this one depends on)."""
         d = cfg.data
         check_field(
             not (d.train_files and self.name.endswith(".jsonl")),

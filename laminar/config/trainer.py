@@ -4,13 +4,9 @@ its field."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from laminar.config.checks import check_field
-
-if TYPE_CHECKING:
-    from laminar.config.schema import Config
-
 
 ADVANTAGES = ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
@@ -69,8 +65,9 @@ class TrainerConfig:
     lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
     lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # or [all-linear]
 
-    def check(self, cfg: Config) -> None:
-        """Raise `ConfigError` naming the first field of this section that is wrong."""
+    def check(self, cfg: Any) -> None:
+        """Raise `ConfigError` naming the first field of this section that is wrong (`cfg`: the whole `Config`, for
+        the fields of other sections this one depends on)."""
         check_field(self.steps >= 1, "trainer.steps", self.steps, "at least 1")
         check_field(self.groups_per_step >= 1, "trainer.groups_per_step", self.groups_per_step, "at least 1")
         check_field(

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from laminar.config import ConfigError, load_config
+from laminar.config import ConfigError
+from laminar.config.load import load_config
 from laminar.data.codec import TaskCodec
 from laminar.data.records import Trajectory
 from laminar.data.tasks import save_tokenizer

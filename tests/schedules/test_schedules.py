@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from laminar.config import load_config
+from laminar.config.load import load_config
 from laminar.train import train
 
 pytestmark = pytest.mark.slow

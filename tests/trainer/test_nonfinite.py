@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from laminar.config import ConfigError, load_config
+from laminar.config import ConfigError
+from laminar.config.load import load_config
 from laminar.trainer.finite import NonFiniteError
 from tests.trainer.test_trainer import make_groups, make_trainer
 

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from laminar.config import ConfigError, RolloutConfig, TrainerConfig, load_config
+from laminar.config import ConfigError, RolloutConfig, TrainerConfig
+from laminar.config.load import load_config
 from laminar.data.records import Trajectory
 from laminar.trainer.grpo import gae, value_loss, whiten_tokens
 from laminar.trainer.state_files import CheckpointError
