@@ -103,7 +103,8 @@ class Cluster:
         self.next_gid = 0
         self._next_tid = 0
         self.complete: dict[int, Group] = {}  # complete groups not trained on, by id, in completion order
-        self.generating: dict[int, Group] = {}  # groups dispatched and not yet complete, by id
+        # groups dispatched and not yet complete, by the version they generate with (few versions: `min` is cheap)
+        self.generating: Counter = Counter()
         self.n_unconsumed = 0  # groups dispatched and not yet trained on
         self.consumed_groups = 0  # groups trained on, as the manager counts them (at the end of a step)
         # trainer
@@ -164,12 +165,24 @@ class Cluster:
             group.trajs.append(traj)
             self._next_tid += 1
         self.n_unconsumed += 1
-        self.generating[group.gid] = group
+        self.generating[group.version] += 1
         return group
 
     def oldest_generating(self) -> int | None:
         """The oldest version a group not yet complete holds (the manager's `Fleet.oldest_owed`)."""
-        return min((g.version for g in self.generating.values()), default=None)
+        return min(self.generating, default=None)
+
+    def regenerate(self, group: Group, version: int) -> None:
+        """A group not yet complete starts over at `version` (recovery's restart)."""
+        if group.gid not in self.complete:
+            self._done_generating(group)
+            self.generating[version] += 1
+        group.version = version
+
+    def _done_generating(self, group: Group) -> None:
+        self.generating[group.version] -= 1
+        if not self.generating[group.version]:
+            del self.generating[group.version]
 
     def _place_calls(self, traj: Traj, length: int, script: dict[str, Any]) -> None:
         """The group's tool calls on one sample, as the runtime's replica plays a row's `tool_script`: call i
@@ -215,7 +228,7 @@ class Cluster:
         self.loop.on_traj_done(traj, replica)
         if group.pending == 0:
             group.t_done = self.now
-            self.generating.pop(group.gid, None)
+            self._done_generating(group)
             self.complete[group.gid] = group
             self.loop.on_group_done(group)
 

@@ -353,7 +353,7 @@ class RuntimeLoop(Base):
         for t in again + finished:
             t.rewind()
             t.version, t.versions = version, 1
-        group.version = version
+        c.regenerate(group, version)
         c.record.restarted += len(again) + len(finished)
         return again + finished
 
