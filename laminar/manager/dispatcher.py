@@ -131,7 +131,8 @@ class Dispatcher:
                 self.fleet.oldest_owed(),
             )
             if quota <= 0 and self.dispatch.room(self.dispatched_groups, self.consumed_groups) > 0:
-                self.refused.add(replica)  # behind the trainer (`Dispatch.max_lag`): the room is its own
+                # behind the trainer (`Dispatch.max_lag`), or held by the staleness bound: the room is its own
+                self.refused.add(replica)
             if quota > 0:
                 # Reserve before awaiting: other replicas' requests run while this one waits for the pool,
                 # which answers this request once (asked again after our loss, the same groups).

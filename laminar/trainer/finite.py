@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from laminar.trainer.publish import _local
+from laminar.trainer.publish import local_rows
 
 
 class NonFiniteError(RuntimeError):
@@ -49,7 +49,7 @@ class FiniteChecks:
         """(name, this rank's rows) of every parameter, the local tensors (a sharded parameter's own shard),
         resolved once: the optimizer and checkpoint loads update them in place."""
         if self._locals is None:
-            self._locals = [(n, _local(p)) for n, p in self.model.named_parameters()]
+            self._locals = [(n, local_rows(p)) for n, p in self.model.named_parameters()]
         return self._locals
 
     def raise_nonfinite(self, flags: torch.Tensor, summary: bool = False) -> None:

@@ -109,7 +109,7 @@ class Publishing:
                     tuple(sd[name].shape),
                     sd[name].dtype,
                     _first_row(sd[name], self.rank, self.world),
-                    _local(sd[name]).detach(),
+                    local_rows(sd[name]).detach(),
                 )
                 for name in self.publish_names()
             ]
@@ -127,7 +127,7 @@ class WeightShard:
     local: torch.Tensor
 
 
-def _local(p: torch.Tensor) -> torch.Tensor:
+def local_rows(p: torch.Tensor) -> torch.Tensor:
     """A sharded (DTensor) parameter's own rows (the same storage, no autograd); a plain tensor itself."""
     if hasattr(p, "to_local"):
         with torch.no_grad():
