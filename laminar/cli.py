@@ -19,6 +19,7 @@ COMMANDS = {
     ("bench", "seeds"): "laminar.bench.seeds:main",
     ("simulate",): "laminar.sim.cli:main",
     ("audit",): "laminar.telemetry.audit:main",
+    ("plot",): "laminar.telemetry.plots:main",
     ("model", "import"): "laminar.models.gguf_import:main",
     ("export",): "laminar.models.export:main",
 }
@@ -39,6 +40,7 @@ commands:
   bench seeds NAME=DIR... --out D  one table of `bench schedules` over several seeds: ratios per seed and overall
   simulate                         the cluster simulator (64 to 1024 GPUs)
   audit RUN_DIR                    every trajectory trained exactly once, or lost for a reason
+  plot RUN_DIR                     the run's plots drawn again from its metrics.jsonl
   model import FILE.gguf --out DIR a .gguf file (only) as a Hugging Face model directory (extra [gguf])
   export RUN_DIR --out DIR         the run's last checkpoint as a Hugging Face model directory
   --version                        the installed version and the digest of its source

@@ -340,7 +340,8 @@ def _run(
         },
     )
     write_json(out / "summary.json", summary)
-    plot_run(recorder.records, out)
+    if cfg.run.plots:
+        plot_run(recorder.records, out)
     if cfg.run.export:
         from laminar.models.export import export
 

@@ -230,6 +230,9 @@ class RunConfig:
     samples_per_step: int = 4
     # true: also Ray's INFO lines and its async-actor warning, and transformers' progress bars and warnings
     verbose: bool = False
+    # the PNG plots of the run at the end (reward, throughput, staleness, replicas, eval); false for sweeps that
+    # read only summary.json and metrics.jsonl (`laminar plot RUN_DIR` draws them later from metrics.jsonl)
+    plots: bool = True
 
     def check(self, cfg: Config) -> None:
         """Raise `ConfigError` naming the first field of this section that is wrong."""

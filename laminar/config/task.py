@@ -17,6 +17,8 @@ class TaskConfig:
     # files, else the built-in task's own (laminar.rewards.stop.choose_reward)
     reward: str = ""
     reward_timeout_s: float = 30.0  # a reward call that runs longer scores 0 and is counted as a reward error
+    # worker processes a replica scores in (spawned once, kept): more for slow rewards (a sandboxed test run)
+    reward_processes: int = 2
     # every reward of this many groups in a row failed (raised, timed out, not a finite number): the run stops
     # with the error; 0 = never
     reward_fail_groups: int = 8
@@ -66,6 +68,12 @@ class TaskConfig:
             "task.reward_timeout_s",
             self.reward_timeout_s,
             "a positive number of seconds",
+        )
+        check_field(
+            self.reward_processes >= 1,
+            "task.reward_processes",
+            self.reward_processes,
+            "at least 1 worker process a replica",
         )
         check_field(
             self.reward_fail_groups >= 0,

@@ -1,6 +1,8 @@
 """Rows to prompt ids and responses back to text, through the model directory's own Hugging Face tokenizer.
 
-Every model directory, the demo's included, takes one path: `transformers.AutoTokenizer`. A prompt is a string or
+Every model directory, the demo's included, takes one path: `transformers.AutoTokenizer`, on the driver; the
+replicas load the class it chose directly (`tokenizer_class`), which is what AutoTokenizer ends in, without its
+model registry (about a CPU-second of imports a replica). A prompt is a string or
 a list of `{role, content}` messages; messages go through the tokenizer's chat template with the generation
 prompt, and so do strings when the model has a template (`data.chat_template`: auto | always | never). A model
 declares its end tokens in several places (config.json, generation_config.json, the tokenizer's EOS); generation
@@ -10,6 +12,7 @@ stops on all of them, and the decode a reward sees stops at the first.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import shutil
 from collections.abc import Iterable
@@ -103,12 +106,18 @@ class TaskCodec:
         chat_template: str = "auto",
         system_prompt: str = "",
         stop_token_ids: Iterable[int] = (),
+        tokenizer_class: str = "",
     ) -> TaskCodec:
-        """The tokenizer of a local model directory (never a download)."""
-        from transformers import AutoTokenizer
-
+        """The tokenizer of a local model directory (never a download). `tokenizer_class`: the class
+        AutoTokenizer chose for this directory (`TaskCodec.tokenizer_class` of a codec loaded without it), to
+        load it again without AutoTokenizer's resolution."""
+        if tokenizer_class:
+            module, name = tokenizer_class.split(":")
+            loader = getattr(importlib.import_module(module), name)
+        else:
+            from transformers import AutoTokenizer as loader
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            tokenizer = loader.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as e:
             raise ValueError(
                 f"model directory {path}: its tokenizer does not load ({str(e).splitlines()[0]}); expected "
@@ -121,6 +130,13 @@ class TaskCodec:
             system_prompt,
             source=f"the model directory {path}",
         )
+
+    @property
+    def tokenizer_class(self) -> str:
+        """`module:name` of the tokenizer's class for `from_dir`, or "" where it is not one of transformers' own
+        (a model's remote code: AutoTokenizer is needed to find it again)."""
+        kind = type(self.tokenizer)
+        return f"{kind.__module__}:{kind.__qualname__}" if kind.__module__.startswith("transformers.") else ""
 
     @classmethod
     def from_config(cls, path: str | Path, cfg: Any) -> TaskCodec:

@@ -46,7 +46,7 @@ ERROR_KINDS = ("raised", "timeout", "crashed", "not_a_number", "not_finite")
 # reward's imports, on every replica: in a Ray actor, whose worker script it imports too, ~105 MB with
 # math-verify and sympy, and its first call comes about a second after the pool starts
 # (`results/reward-isolation/`).
-REWARD_PROCESSES = 2
+REWARD_PROCESSES = 2  # the default of `task.reward_processes`
 
 
 class RewardLoadError(ValueError):

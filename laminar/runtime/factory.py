@@ -101,22 +101,28 @@ class ScorerRecipe:
         self,
         model_path: str,
         reward: str,
-        timeout_s: float | None = None,
-        stop_token_ids: tuple[int, ...] = (),
+        timeout_s: float | None,
+        stop_token_ids: tuple[int, ...],
+        processes: int,
+        tokenizer_class: str,
     ) -> None:
         self.model_path, self.reward, self.timeout_s = model_path, reward, timeout_s
-        self.stop_token_ids = stop_token_ids
+        self.stop_token_ids, self.processes = stop_token_ids, processes
+        self.tokenizer_class = tokenizer_class  # the driver's AutoTokenizer chose it (`TaskCodec.from_dir`)
 
     def __call__(self) -> Any:
         from laminar.data.codec import TaskCodec
         from laminar.rewards.loader import RewardScorer
 
-        codec = TaskCodec.from_dir(self.model_path, stop_token_ids=self.stop_token_ids)
+        codec = TaskCodec.from_dir(
+            self.model_path, stop_token_ids=self.stop_token_ids, tokenizer_class=self.tokenizer_class
+        )
         return RewardScorer(
             self.reward,
             codec.decode,
             timeout_s=self.timeout_s,
             decode_turns=codec.response_text,
+            processes=self.processes,
         )
 
 
@@ -124,8 +130,8 @@ class ToolRecipe:
     """Builds a replica's tool-turn driver in its own process (it holds threads): the run's tools, and the model's
     tokenizer to read calls and render the tools' output."""
 
-    def __init__(self, model_path: str, cfg: Config) -> None:
-        self.model_path, self.task = model_path, cfg.task
+    def __init__(self, model_path: str, cfg: Config, tokenizer_class: str) -> None:
+        self.model_path, self.task, self.tokenizer_class = model_path, cfg.task, tokenizer_class
         self.stop_token_ids = tuple(cfg.rollout.stop_token_ids)
 
     def __call__(self) -> Any:
@@ -135,7 +141,9 @@ class ToolRecipe:
         from laminar.tools.turns import ToolTurns
 
         t = self.task
-        codec = TaskCodec.from_dir(self.model_path, stop_token_ids=self.stop_token_ids)
+        codec = TaskCodec.from_dir(
+            self.model_path, stop_token_ids=self.stop_token_ids, tokenizer_class=self.tokenizer_class
+        )
         return ToolTurns(
             tools=load_tools(t.tools),
             decode=codec.decode,
@@ -166,6 +174,7 @@ class Factory:
         engine_path: str = "",
         version: int = 0,
         end_ids: tuple[int, ...] = (),
+        tokenizer_class: str = "",
     ) -> None:
         self.cfg, self.model_path, self.relay_settings = cfg, model_path, relay_settings
         self.namespace = namespace
@@ -173,6 +182,9 @@ class Factory:
         self.interrupt_on_update = interrupt_on_update
         self.engine_path, self.version = engine_path or model_path, version
         self.end_ids = end_ids  # every token that ends a response: the model's, the tokenizer's, the run's
+        self.tokenizer_class = (
+            tokenizer_class  # the class the driver's AutoTokenizer chose ("" = choose again)
+        )
         self.cuda = use_cuda(cfg)  # decided here, on the driver
         self.reward = reward_path(cfg)  # and so is the reward
 
@@ -212,7 +224,14 @@ class Factory:
         return ReplicaActor.options(**options).remote(
             rid,
             EngineRecipe(self.engine_path, cfg, self.cuda, self.version, self.end_ids),
-            ScorerRecipe(self.model_path, self.reward, t.reward_timeout_s, tuple(cfg.rollout.stop_token_ids)),
+            ScorerRecipe(
+                self.model_path,
+                self.reward,
+                t.reward_timeout_s,
+                tuple(cfg.rollout.stop_token_ids),
+                t.reward_processes,
+                self.tokenizer_class,
+            ),
             manager=self.manager,
             partial_pool=self.partial_pool,
             buffer=self.buffer,
@@ -222,7 +241,9 @@ class Factory:
             heartbeat_s=r.heartbeat_s,
             timeout_s=cfg.run.timeout_s,
             interrupt_on_update=self.interrupt_on_update,
-            tools=ToolRecipe(self.model_path, cfg) if t.tools or t.tool_calls_mean > 0 else None,
+            tools=ToolRecipe(self.model_path, cfg, self.tokenizer_class)
+            if t.tools or t.tool_calls_mean > 0
+            else None,
         )
 
     def relay(self, node: str, name: str) -> Any:

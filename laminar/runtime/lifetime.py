@@ -112,6 +112,7 @@ class Lifetime:
             interrupt_on_update=schedule.interrupt,
             namespace=rt.namespace,
             end_ids=codec.end_ids,
+            tokenizer_class=codec.tokenizer_class,
             # a resumed run's replicas start from the checkpoint's weights, at its version
             **({"engine_path": str(resume), "version": checkpoint_version(resume)} if resume else {}),
         )

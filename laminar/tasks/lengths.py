@@ -90,7 +90,7 @@ class LengthWorkload:
         rows = []
         for n in self.lengths(count):
             row: dict[str, Any] = {
-                "prompt": " ".join(str(rng.randrange(10)) for _ in range(self.prompt_len)) + " =",
+                "prompt": " ".join(rng.choices("0123456789", k=self.prompt_len)) + " =",
                 "answer": "",
                 "sampling": {"max_new_tokens": n, "ignore_eos": True},
             }

@@ -115,3 +115,31 @@ def plot_run(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
         ax.legend(fontsize=8)
         paths.append(_save(fig, out / "tools.png"))
     return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`laminar plot RUN_DIR`: the run's plots drawn again from its `metrics.jsonl` (a run with `run.plots=false`,
+    or one brought back from another machine)."""
+    import argparse
+    import json
+    import sys
+
+    ap = argparse.ArgumentParser(prog="laminar plot", description=main.__doc__.splitlines()[0])
+    ap.add_argument("run_dir", help="a run folder written by `laminar train`")
+    args = ap.parse_args(argv)
+    log = Path(args.run_dir) / "metrics.jsonl"
+    if not log.is_file():
+        print(
+            f"laminar plot: {log} does not exist; give a run folder written by `laminar train`",
+            file=sys.stderr,
+        )
+        return 2
+    records = []
+    for n, line in enumerate(log.read_text().splitlines(), 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a run killed mid-write leaves a cut last line
+            print(f"laminar plot: {log} line {n} is not JSON; skipped", file=sys.stderr)
+    for path in plot_run(records, args.run_dir):
+        print(path)
+    return 0

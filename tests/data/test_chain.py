@@ -13,6 +13,7 @@ from laminar.data.codec import TaskCodec
 from laminar.data.dataset import held_out_rows, train_rows
 from laminar.tasks import chain
 from tests.realmodel import build_bpe_tokenizer
+from tests.runs import QUICK
 
 STEP = re.compile(r"(\d+)\. (\d+) ([-+*]) (\d+) = (\d+)")
 
@@ -126,6 +127,7 @@ def test_a_chat_model_trains_a_few_steps_on_chain_with_evaluation(ray_cluster, t
             "task.name=chain",
             "task.chain_steps_median=2",
             "task.chain_steps_p99=6",
+            *QUICK,
             f"model.path={model_dir}",
             f"run.out={tmp_path / 'run'}",
             "trainer.steps=2",

@@ -190,3 +190,57 @@ def test_a_hugging_face_model_is_warm_started_through_its_chat_template(chatml_d
     assert again.tokenizer.chat_template == codec.tokenizer.chat_template
     assert again.encode_prompt("12*34=") == codec.encode_prompt("12*34=")
     assert json.loads((out / "warmup.json").read_text())["model"] == str(chatml_dir)
+
+
+@pytest.mark.parametrize("style", ["llama3", "chatml", "demo"])
+def test_a_replica_loads_the_class_autotokenizer_chose_and_tokenizes_as_it_does(
+    style, llama_dir, chatml_dir, tmp_path
+):
+    """The driver's codec names AutoTokenizer's class; a replica's codec loaded from that name is the same class
+    and gives the same ids, templated text and decoded text (the Qwen2-shaped directory resolves to Qwen2's own
+    class through config.json, which a guess from tokenizer_config.json alone would miss)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from laminar.data.tasks import TaskCodec as DemoCodec
+    from laminar.data.tasks import save_model_dir
+
+    if style == "demo":
+        demo = DemoCodec()
+        shape = LlamaConfig(
+            vocab_size=demo.vocab_size,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+        path = save_model_dir(LlamaForCausalLM(shape), demo, tmp_path / "demo")
+    else:
+        path = {"llama3": llama_dir, "chatml": chatml_dir}[style]
+    driver = TaskCodec.from_dir(path)
+    assert driver.tokenizer_class.startswith("transformers.")
+    replica = TaskCodec.from_dir(path, tokenizer_class=driver.tokenizer_class)
+    auto = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    assert type(replica.tokenizer) is type(auto) is type(driver.tokenizer)
+    for text in [
+        "What is 12 + 30?",
+        " 7 9 1 =",
+        "Think step by step. \\boxed{42}\n#### 72",
+        "",
+        "naïve café ✓",
+    ]:
+        ids = auto(text)["input_ids"]
+        assert replica.tokenizer(text)["input_ids"] == ids
+        assert replica.decode(ids) == driver.decode(ids)
+        assert replica.tokenizer.decode(ids) == auto.decode(ids)
+        if driver.has_template:
+            chat = [{"role": "user", "content": text}]
+            assert replica.encode_prompt(chat) == driver.encode_prompt(chat)
+
+
+def test_a_tokenizer_class_that_is_not_transformers_own_is_found_again_by_autotokenizer(llama_dir):
+    codec = TaskCodec.from_dir(llama_dir)
+    codec.tokenizer.__class__ = type(
+        "RemoteTokenizer", (type(codec.tokenizer),), {"__module__": "remote_code"}
+    )
+    assert codec.tokenizer_class == ""

@@ -23,6 +23,7 @@ from laminar.relay.slots import MappedView
 from laminar.rollout.inflight import sample_seed
 from laminar.telemetry.audit import audit_run
 from laminar.train import train
+from tests.runs import QUICK
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
@@ -37,6 +38,7 @@ BASE = [
     "trainer.warmup_steps=0",
     "rollout.heartbeat_s=0.5",
     "rollout.dead_after_s=10",
+    *QUICK,
 ]
 
 

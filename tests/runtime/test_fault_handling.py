@@ -41,6 +41,7 @@ TINY = [
     "buffer.capacity_groups=6",
     "trainer.warmup_steps=0",
     "rollout.heartbeat_s=0.5",
+    "run.plots=false",  # the reward-fault tests keep two reward processes: a hung call must not stall the rest
 ]
 
 

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from tests.runs import QUICK
 from tests.runtime.test_end_to_end import tiny_run_config
 
 pytestmark = pytest.mark.slow
@@ -22,6 +23,7 @@ def lora_run(ray_cluster, tiny_model_dir, tmp_path_factory):
     cfg = tiny_run_config(
         tiny_model_dir,
         out,
+        *QUICK,
         "trainer.lora_rank=4",
         "trainer.lr=0.01",  # adapters that move the log-probs well past the numerical mismatch
         "schedule=sync",  # batch v on version v: every step's samples come from the trainer's own weights

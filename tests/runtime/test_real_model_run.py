@@ -14,6 +14,7 @@ from laminar.config.load import load_config
 from laminar.data.codec import TaskCodec
 from laminar.train import train
 from tests.realmodel import write_real_model_dir
+from tests.runs import QUICK
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,8 @@ def test_a_chat_model_trains_on_a_verl_parquet(ray_cluster, tmp_path):
             f"data.train_files={tmp_path / 'train.parquet'}",
             "data.system_prompt=Answer with a number.",
             "task.reward=tests.realmodel:ground_truth_reward",
-            "task.tools=[calculator]",  # each replica builds its tool driver (no call is made in 8 tokens)
+            "task.tools=[calculator]",
+            *QUICK,  # each replica builds its tool driver (no call is made in 8 tokens)
             f"run.out={out}",
             "trainer.steps=2",
             "trainer.groups_per_step=2",

@@ -10,6 +10,7 @@ from collections import defaultdict
 import pytest
 
 from laminar.telemetry.audit import audit_run
+from tests.runs import QUICK
 from tests.runtime.test_end_to_end import tiny_run_config
 from tests.telemetry.test_samples import SAMPLE_FIELDS, read_texts
 from tests.telemetry.test_tracking import read_scalars
@@ -25,6 +26,7 @@ def options_run(ray_cluster, tiny_model_dir, tmp_path_factory):
     cfg = tiny_run_config(
         tiny_model_dir,
         out,
+        *QUICK,
         "trainer.kl_coef=0.05",
         "trainer.mini_batches=2",
         "trainer.filter_groups=true",

@@ -8,6 +8,7 @@ import pytest
 
 from laminar.config.load import load_config
 from laminar.train import train
+from tests.runs import QUICK
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +37,7 @@ def run(schedule, model_dir, out, *extra):
             "buffer.capacity_groups=6",
             "run.timeout_s=120",
             "rollout.progress_every=2",
+            *QUICK,
             *extra,
         ],
     )
