@@ -164,12 +164,6 @@ class TrainerConfig:
             "seq_mean_token_mean with trainer.ratio=sequence (GSPO averages over sequences)",
         )
         check_field(
-            self.advantage != "gae" or self.num_workers == 1,
-            "trainer.advantage",
-            self.advantage,
-            "not gae with trainer.num_workers > 1 (the learned critic runs on one trainer rank)",
-        )
-        check_field(
             self.critic_lr > 0,
             "trainer.critic_lr",
             self.critic_lr,

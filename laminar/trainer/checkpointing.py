@@ -60,7 +60,7 @@ class Checkpointing:
             save_sharded(self._model_tensors(), out, whole=True)
             save_sharded(moments, out / OPTIMIZER_DIR, whole=False)
         if self.critic is not None:
-            self.critic.save(out / CRITIC_DIR)
+            self.critic.save(out / CRITIC_DIR, self.rank)
         if self.rank == 0:
             if self.world > 1:
                 self.model.config.save_pretrained(out)

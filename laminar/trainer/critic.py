@@ -4,8 +4,9 @@ The critic is the policy's decoder (a copy of the starting weights) with a scala
 first advantages are the rewards less nothing. It reads the same batches as the policy (`Trainer._collate`): the
 value of each response token is read at the position whose prediction is that token, i.e. V(s_t) of the state
 the token is emitted from. It has its own AdamW (`trainer.critic_lr`) stepping with the policy's, and its own
-folder in a checkpoint (`critic/`: its weights, moments and step count, in safetensors and JSON). It runs on one
-trainer rank; `trainer.num_workers > 1` with `gae` is refused when the config loads.
+folder in a checkpoint (`critic/`: its weights, moments and step count, in safetensors and JSON). A sharded
+trainer shards it as it shards the policy (FSDP2, each decoder layer a unit): every rank holds its rows, scores
+its own share of the batch, and a checkpoint written by any number of ranks resumes on any number.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from laminar.trainer.state_files import CheckpointError, load_tensors, save_tensors
+from laminar.trainer.sharding import shard
+from laminar.trainer.state_files import CheckpointError, load_tensors, save_sharded, save_tensors
 
 DIR = "critic"  # the critic's folder inside a trainer checkpoint
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -44,13 +46,26 @@ class ValueModel(nn.Module):
 
 class Critic:
     """The value model, its optimizer and its checkpoint folder. `causal_lm`: the policy as loaded (before any
-    adapters), whose decoder it copies; `device`: the trainer's."""
+    adapters), whose decoder it copies; `device`: the trainer's; `world` > 1: sharded over the trainer's ranks
+    (`cpu_offload` as the policy's)."""
 
     def __init__(
-        self, causal_lm: nn.Module, lr: float, weight_decay: float, max_grad_norm: float, device
+        self,
+        causal_lm: nn.Module,
+        lr: float,
+        weight_decay: float,
+        max_grad_norm: float,
+        device,
+        world: int = 1,
+        cpu_offload: bool = False,
     ) -> None:
-        self.model = ValueModel(causal_lm).float().train().to(device)
         self.device = torch.device(device)
+        self.world = world
+        self.model = ValueModel(causal_lm).float().train()
+        if world > 1:  # before the optimizer: sharding replaces the parameters with DTensors
+            shard(self.model, self.model.decoder, self.device, cpu_offload)
+        else:
+            self.model.to(self.device)
         self.max_grad_norm = max_grad_norm
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=lr, weight_decay=weight_decay, fused=self.device.type == "cuda"
@@ -66,17 +81,27 @@ class Critic:
 
     def step(self) -> float:
         """Clip the gradient (`trainer.max_grad_norm`, as the policy's) and update; returns the norm before."""
-        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if hasattr(norm, "full_tensor"):  # sharded: a DTensor, already reduced over the ranks
+            norm = norm.full_tensor()
         self.optimizer.step()
-        return norm
+        return float(norm)
 
     # ---- checkpoints --------------------------------------------------------------------------------------
-    def save(self, out: Path) -> None:
-        """`out/weights/`, `out/optimizer/` (safetensors) and `out/state.json` (each parameter's step count)."""
+    def save(self, out: Path, rank: int = 0) -> None:
+        """`out/weights/`, `out/optimizer/` (safetensors) and `out/state.json` (each parameter's step count).
+        Sharded: every rank calls this and writes its rows (the weights joined into whole tensors, as the
+        policy's); rank 0 writes the step counts."""
         tensors, steps = self._moments()
-        save_tensors(dict(self.model.named_parameters()), out / "weights")
-        save_tensors(tensors, out / "optimizer")
-        (out / "state.json").write_text(json.dumps({"steps": steps}, indent=1))
+        weights = {n: p.detach() for n, p in self.model.named_parameters()}
+        if self.world > 1:
+            save_sharded(weights, out / "weights", whole=True)
+            save_sharded(tensors, out / "optimizer", whole=False)
+        else:
+            save_tensors(weights, out / "weights")
+            save_tensors(tensors, out / "optimizer")
+        if rank == 0:
+            (out / "state.json").write_text(json.dumps({"steps": steps}, indent=1))
 
     def load(self, path: Path) -> None:
         """Restore what `save` wrote, or raise `CheckpointError` naming what is missing or wrong."""
@@ -93,8 +118,8 @@ class Critic:
                 raise ValueError(f"step counts for {len(steps)} parameters, the critic has {len(params)}")
             moments = {f"{k}.{n}": torch.zeros_like(p) for n, p in params.items() for k in MOMENTS}
             with torch.no_grad():
-                load_tensors({n: p.data for n, p in params.items()}, path / "weights", 1)
-            load_tensors(moments, path / "optimizer", 1)
+                load_tensors({n: p.detach() for n, p in params.items()}, path / "weights", self.world)
+            load_tensors(moments, path / "optimizer", self.world)
         except CheckpointError:
             raise
         except Exception as e:  # noqa: BLE001 - any reader failure is a bad checkpoint, named

@@ -5,6 +5,8 @@ per-token advantages from a learned critic (`gae`, `value_loss`)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -150,14 +152,23 @@ def gae(
     return advs, rets
 
 
-def whiten_tokens(advs: list[list[float]], eps: float = 1e-8) -> list[list[float]]:
+def whiten_tokens(
+    advs: list[list[float]],
+    eps: float = 1e-8,
+    moments: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> list[list[float]]:
     """Every token's advantage less the batch's mean over tokens, over its standard deviation (PPO's usual
-    normalisation, verl's `masked_whiten`); a batch of one token is only centred."""
+    normalisation, verl's `masked_whiten`); a batch of one token is only centred. `moments`: sums a float64
+    vector over the ranks of a sharded trainer, each holding its share of the batch's tokens, so the mean and
+    deviation are the whole batch's (two passes, as a one-process variance is)."""
     flat = torch.tensor([x for a in advs for x in a], dtype=torch.float64)
-    if flat.numel() == 0:
+    total = (lambda v: v) if moments is None else moments
+    n, s = total(torch.tensor([flat.numel(), float(flat.sum())], dtype=torch.float64)).tolist()
+    if n == 0:
         return advs
-    mean = flat.mean()
-    scale = torch.sqrt(flat.var(unbiased=True) + eps) if flat.numel() > 1 else torch.tensor(1.0)
+    mean = s / n
+    squares = float(total(torch.tensor([float(((flat - mean) ** 2).sum())], dtype=torch.float64))[0])
+    scale = math.sqrt(squares / (n - 1) + eps) if n > 1 else 1.0
     out = ((flat - mean) / scale).tolist()
     split, i = [], 0
     for a in advs:
@@ -230,6 +241,8 @@ def importance_weights(
 
 
 # the metric sums `grpo_loss` returns ("kl_sum" too with a reference); a sharded trainer reduces exactly these
+# the critic's loss metrics (`value_loss`), summed over micro-batches and ranks
+VALUE_METRICS = ("value_loss_sum", "value_sum", "return_sum", "value_clipped_sum")
 LOSS_METRICS = (
     "clip_frac_sum",
     "ratio_sum",

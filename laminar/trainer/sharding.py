@@ -67,8 +67,19 @@ def compile_layers(model: PreTrainedModel) -> None:
 def shard_policy(
     policy: PolicyLogprobs, device: torch.device, cpu_offload: bool, reshard_after_forward: bool = True
 ) -> None:
-    """FSDP2: each decoder layer its own unit, then the whole policy (embeddings, final norm, output layer). On
-    CUDA: bf16 compute from fp32 master weights, gradients reduced in fp32."""
+    """FSDP2: each decoder layer its own unit, then the whole policy (embeddings, final norm, output layer)."""
+    shard(policy, policy.model.get_decoder(), device, cpu_offload, reshard_after_forward)
+
+
+def shard(
+    root: nn.Module,
+    decoder: nn.Module,
+    device: torch.device,
+    cpu_offload: bool,
+    reshard_after_forward: bool = True,
+) -> None:
+    """FSDP2 over `root` (the policy, or the critic's value model): each of `decoder`'s layers its own unit,
+    then `root` with the rest. On CUDA: bf16 compute from fp32 master weights, gradients reduced in fp32."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kw: dict[str, Any] = {}
@@ -77,8 +88,8 @@ def shard_policy(
     if cpu_offload:
         kw["offload_policy"] = CPUOffloadPolicy()
     if device.type == "cuda" and not cpu_offload:
-        policy.to(device)
-    layers = getattr(policy.model.get_decoder(), "layers", None)
+        root.to(device)
+    layers = getattr(decoder, "layers", None)
     for layer in layers if layers is not None else []:
         fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
-    fully_shard(policy, **kw)
+    fully_shard(root, **kw)

@@ -26,6 +26,7 @@ from laminar.trainer.critic import Critic
 from laminar.trainer.finite import FiniteChecks
 from laminar.trainer.grpo import (
     LOSS_METRICS,
+    VALUE_METRICS,
     GRPOConfig,
     advantages,
     gae,
@@ -92,11 +93,12 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
         # again from the same starting weights, so a checkpoint holds the policy alone. It runs forward only,
         # in bf16 on CUDA; a sharded trainer shards it as it shards the policy.
         self.ref_model = self._load_reference(model) if cfg.kl_coef > 0 else None
-        # PPO's learned critic (trainer.advantage=gae): a copy of the starting decoder with a value head
-        if cfg.advantage == "gae" and world > 1:
-            raise ValueError("trainer.advantage=gae needs one trainer rank (trainer.num_workers=1)")
+        # PPO's learned critic (trainer.advantage=gae): a copy of the starting decoder with a value head, sharded
+        # over the ranks as the policy is
         self.critic = (
-            Critic(model, cfg.critic_lr, cfg.weight_decay, cfg.max_grad_norm, self.device)
+            Critic(
+                model, cfg.critic_lr, cfg.weight_decay, cfg.max_grad_norm, self.device, world, cfg.cpu_offload
+            )
             if cfg.advantage == "gae"
             else None
         )
@@ -215,7 +217,7 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
             proximal = self._logprobs_no_grad(trajs, [mb for _, mbs in plan for mb in mbs])
 
         sums: dict[str, float] = {}
-        losses, grad_norms = [], []
+        losses, grad_norms, value_norms = [], [], []
         nonfinite = False
         updates = 0
         for mb_index, micro in plan:
@@ -268,7 +270,7 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
                         self.cfg.value_clip,
                         num_tokens,
                     )
-                    v_loss.backward()
+                    (v_loss * self.world).backward()  # FSDP averages over ranks, as the policy's
                     for k, v in vm.items():
                         sums[k] = sums.get(k, 0.0) + v
             grad_norms.append(self._clip_grad_norm())
@@ -281,14 +283,17 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
                 break
             self.optimizer.step()
             if self.critic is not None:
-                sums["value_grad_norm_sum"] = sums.get("value_grad_norm_sum", 0.0) + self.critic.step()
+                value_norms.append(self.critic.step())
             if self.master is not None:
                 self.master.refresh()
             updates += 1
 
         if self.world > 1:  # the same keys on every rank, one with only idle passes included
             keys = sorted(
-                set(LOSS_METRICS) | {"idle_passes"} | ({"kl_sum"} if self.ref_policy is not None else set())
+                set(LOSS_METRICS)
+                | {"idle_passes"}
+                | ({"kl_sum"} if self.ref_policy is not None else set())
+                | (set(VALUE_METRICS) if self.critic is not None else set())
             )
             total = self._all_sum(torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64))
             sums = dict(zip(keys, total.tolist()))
@@ -327,7 +332,7 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
             # a sharded trainer's filler passes (a rank with fewer micro-batches than the busiest), all ranks told
             "idle_passes": int(sums.get("idle_passes", 0)),
             **({"kl": sums.get("kl_sum", 0.0) / n_tok} if self.ref_model is not None else {}),
-            **(self._critic_metrics(sums, n_tok, updates) if self.critic is not None else {}),
+            **(self._critic_metrics(sums, n_tok, value_norms) if self.critic is not None else {}),
             "step_time_s": time.perf_counter() - t0,
             # this rank's most GPU memory allocated during the step (weights, optimizer, activations); 0 on CPU
             "peak_memory_gb": torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -347,15 +352,17 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
         the trained tokens (a tool's output is context: skipped, its tokens get advantage 0)."""
         values: dict[int, torch.Tensor] = {}
         for idx in micro:
-            if idx is not None:
-                v = self.critic.values(self._collate([trajs[i] for i in idx]))
-                for i, part in zip(idx, v.split([len(trajs[i].response_ids) for i in idx])):
-                    values[i] = part
+            if idx is None:  # sharded, this rank done: a forward keeps the critic's all-gathers in step
+                self.critic.values(self._collate([min(trajs, key=lambda t: t.num_tokens)]))
+                continue
+            v = self.critic.values(self._collate([trajs[i] for i in idx]))
+            for i, part in zip(idx, v.split([len(trajs[i].response_ids) for i in idx])):
+                values[i] = part
         order = sorted(values)
         trained = [[j for j, m in enumerate(trajs[i].trained_mask) if m] for i in order]
         v_trained = [[float(values[i][j]) for j in js] for i, js in zip(order, trained)]
         a, r = gae([trajs[i].reward for i in order], v_trained, self.cfg.gae_gamma, self.cfg.gae_lambda)
-        a = whiten_tokens(a)
+        a = whiten_tokens(a, moments=self._all_sum)  # over the whole batch's tokens, every rank's
         adv_of: list[list[float]] = [[0.0] * len(t.response_ids) for t in trajs]
         returns: dict[int, torch.Tensor] = {}
         for i, js, ai, ri in zip(order, trained, a, r):
@@ -367,13 +374,13 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
         return adv_of, values, returns
 
     @staticmethod
-    def _critic_metrics(sums: dict[str, float], n_tok: float, updates: int) -> dict[str, float]:
+    def _critic_metrics(sums: dict[str, float], n_tok: float, norms: list[float]) -> dict[str, float]:
         return {
             "value_loss": sums.get("value_loss_sum", 0.0) / n_tok,
             "value_mean": sums.get("value_sum", 0.0) / n_tok,
             "return_mean": sums.get("return_sum", 0.0) / n_tok,
             "value_clip_frac": sums.get("value_clipped_sum", 0.0) / n_tok,
-            "value_grad_norm": sums.get("value_grad_norm_sum", 0.0) / max(updates, 1),
+            "value_grad_norm": float(np.mean(norms)) if norms else 0.0,
         }
 
     def _same_weights(self, trajs: list[Trajectory], unchanged: bool) -> torch.Tensor:
@@ -416,6 +423,8 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
             with torch.no_grad():
                 self._forward_logprobs(self.ref_policy, batch)
         (logp.sum() * 0.0).backward()
+        if reference and self.critic is not None:  # and the critic's forward and backward, as a real one
+            (self.critic.values(batch).sum() * 0.0).backward()
 
     def warm_up(self, tokens: int = 4096) -> None:
         """One zero-loss forward and backward over about `tokens` synthetic tokens, so the CUDA context, the

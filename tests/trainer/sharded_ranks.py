@@ -123,10 +123,14 @@ def algorithm_main(rank: int, world: int, port: int, out: str, name: str) -> Non
         tr = Trainer(**ALGORITHMS[name], model=model(), rank=rank, world=world)
         metrics = tr.train_step(batch())
         full = {k: v.full_tensor() for k, v in tr.model.state_dict().items()}
+        losses = [metrics["loss"]]
+        if tr.critic is not None:  # its gathered weights, its metrics, and a checkpoint of both ranks
+            full |= {f"critic.{k}": v.full_tensor() for k, v in tr.critic.model.state_dict().items()}
+            losses += [metrics["value_loss"], metrics["value_grad_norm"]]
+            tr.save_checkpoint(Path(out) / "ckpt")
         if rank == 0:
             save_file(
-                {k: v.contiguous() for k, v in full.items()}
-                | {"metric.loss": torch.tensor([metrics["loss"]])},
+                {k: v.contiguous() for k, v in full.items()} | {"metric.loss": torch.tensor(losses)},
                 os.path.join(out, "params.safetensors"),
             )
     except BaseException:

@@ -1,6 +1,7 @@
-"""The sequence-level algorithms on the sharded trainer (FSDP2 over gloo, 2 CPU ranks) against one process:
-GSPO's ratio needs each sequence whole on one rank, and the sequence means divide by the whole mini-batch's
-sequence count, never a rank's or a micro-batch's."""
+"""The sequence-level algorithms and PPO's critic on the sharded trainer (FSDP2 over gloo, 2 CPU ranks) against
+one process: GSPO's ratio needs each sequence whole on one rank, and the sequence means divide by the whole
+mini-batch's sequence count, never a rank's or a micro-batch's; the critic is sharded as the policy, its
+advantages are whitened over every rank's tokens, and its checkpoint written by two ranks resumes on one."""
 
 from __future__ import annotations
 
@@ -26,6 +27,13 @@ ALGORITHMS = {
             clip_high=0.01,
         )
     ),
+    # PPO with a learned critic; the KL term on too, so a rank's idle passes run the policy, the reference and
+    # the critic (`test_sharded.batch` leaves the ranks with different numbers of micro-batches)
+    "gae": dict(
+        cfg=TrainerConfig(
+            lr=1e-3, micro_batch=3, mini_batches=2, advantage="gae", critic_lr=1e-3, kl_coef=0.5
+        )
+    ),
     "drgrpo": dict(
         cfg=TrainerConfig(
             lr=1e-3, micro_batch=3, mini_batches=2, advantage="drgrpo", loss_agg="seq_mean_token_sum_norm"
@@ -48,3 +56,18 @@ def test_two_ranks_take_the_same_step_as_one(name, tmp_path):
         if k != "lm_head.weight":  # tied: model.embed_tokens.weight
             assert float((got[k] - v).abs().max()) <= 1e-5, k
     assert got["metric.loss"].tolist()[0] == pytest.approx(m["loss"], abs=1e-5)
+    if single.critic is None:
+        return
+    assert got["metric.loss"].tolist()[1] == pytest.approx(m["value_loss"], abs=1e-6)
+    assert got["metric.loss"].tolist()[2] == pytest.approx(m["value_grad_norm"], rel=1e-4)
+    for k, v in single.critic.model.state_dict().items():
+        assert float((got[f"critic.{k}"] - v).abs().max()) <= 1e-5, k
+    # the two ranks' checkpoint, critic and all, resumes on one rank where the single trainer stands
+    back = Trainer(**ALGORITHMS[name], model=model())
+    back.load_checkpoint(tmp_path / "ckpt")
+    pairs = zip(single.critic.model.named_parameters(), back.critic.model.parameters())
+    for (n, p), q in pairs:
+        assert float((p.detach() - q.detach()).abs().max()) <= 1e-5, n
+        for moment in ("exp_avg", "exp_avg_sq"):
+            a, b = single.critic.optimizer.state[p][moment], back.critic.optimizer.state[q][moment]
+            assert float((a - b).abs().max()) <= 1e-6 + 1e-4 * float(a.abs().max()), (n, moment)
