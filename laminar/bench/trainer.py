@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from laminar.config.trainer import ADVANTAGES
 from laminar.data.records import Trajectory
 from laminar.engine.random_model import SHAPES, shape_config
 from laminar.jsonio import write_json
@@ -188,6 +189,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         packing=args.packing,
         compile=args.compile,
         reshard_after_forward=not args.no_reshard,
+        advantage=args.advantage,
     )
     trainer = Trainer(
         cfg,
@@ -328,6 +330,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         "cpu_offload": args.cpu_offload,
         "compile": args.compile,
         "reshard_after_forward": not args.no_reshard,
+        "advantage": args.advantage,  # gae: PPO's critic beside the policy, sharded as it is
         "compute_dtype": args.compute_dtype
         or (
             ""
@@ -409,6 +412,12 @@ def parser() -> argparse.ArgumentParser:
         "--no-reshard",
         action="store_true",
         help="ranks > 1: keep each layer's gathered weights from its forward to its backward",
+    )
+    ap.add_argument(
+        "--advantage",
+        default="grpo",
+        choices=ADVANTAGES,
+        help="the trainer's advantage (gae: PPO with its learned critic, a second model trained in the step)",
     )
     ap.add_argument(
         "--compute-dtype",
