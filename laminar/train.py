@@ -87,6 +87,10 @@ def check_inputs(cfg: Config) -> None:
         model = resolve_model(cfg)  # config.json and weights
         ModelConfig.from_dir(model)  # an architecture the engine implements
         codec = TaskCodec.from_config(model, cfg)  # a tokenizer that loads
+        from laminar.runtime.factory import use_cuda
+        from laminar.runtime.memory import check_memory
+
+        check_memory(cfg, model, use_cuda(cfg))  # a run that cannot fit (`DoesNotFit`, a ValueError)
     reward = choose_reward(cfg).path
     rows = []
     if cfg.data.train_files or cfg.data.val_files or cfg.task.name.endswith(".jsonl"):

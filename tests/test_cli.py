@@ -3,6 +3,7 @@ import json
 import pytest
 
 from laminar.cli import main
+from laminar.config.load import load_config
 
 
 def test_bad_train_inputs_stop_before_anything_starts_and_say_what_is_wrong(tmp_path, capsys):
@@ -189,6 +190,25 @@ def test_cuda_asked_for_on_a_machine_without_it_is_one_line_before_ray(tmp_path,
         "laminar train: bad configuration: model.device='cuda' but this machine has no usable"
     )
     assert err[0].endswith("use model.device=cpu or auto")
+
+
+def test_a_run_that_cannot_fit_is_refused_in_one_line_before_ray_unless_told_to_start(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    """A KV cache far beyond this machine's memory: refused in seconds, naming the knob; with
+    run.check_memory=false the same estimate is only a warning (the pre-flight lets it through)."""
+    from laminar.runtime import memory
+
+    monkeypatch.setattr(memory, "host_available", lambda: 8 << 30)  # what any machine may have left
+    big = [f"model.path={tiny_model_dir}", "rollout.kv_blocks=4000000", f"run.out={tmp_path / 'run'}"]
+    code, err, seconds = _refused_fast(big, capsys, monkeypatch)
+    assert code == 2 and len(err) == 1 and seconds < 5, err
+    assert err[0].startswith("laminar train: bad configuration: the run needs about ")
+    assert "8.00 GiB is available: lower rollout.kv_blocks" in err[0]
+    assert err[0].endswith("(or run.check_memory=false to start it anyway)")
+    cfg = load_config(None, [*big, "run.check_memory=false"])
+    line, warning = memory.check_memory(cfg, tiny_model_dir, cuda=False)
+    assert line.startswith("memory estimate") and warning.startswith("warning: the run needs about ")
 
 
 def test_a_model_directory_without_a_tokenizer_or_of_another_architecture_is_one_line(

@@ -233,6 +233,9 @@ class RunConfig:
     # the PNG plots of the run at the end (reward, throughput, staleness, replicas, eval); false for sweeps that
     # read only summary.json and metrics.jsonl (`laminar plot RUN_DIR` draws them later from metrics.jsonl)
     plots: bool = True
+    # refuse, before Ray starts, a run whose memory estimate (weights, KV cache, optimizer, activations, relay
+    # slots; printed at the start) is more than this machine has; false: a warning, and the run starts
+    check_memory: bool = True
 
     def check(self, cfg: Config) -> None:
         """Raise `ConfigError` naming the first field of this section that is wrong."""

@@ -108,7 +108,7 @@ def estimate(cfg: Any, shape: Any, parameters: int, cuda: bool) -> MemoryEstimat
 
 
 def too_big(est: MemoryEstimate, host_available: int, gpu_total: int | None, cfg: Any) -> str | None:
-    """The one warning line when a part does not fit what the machine has (None when all do): the host's
+    """The one line saying which part does not fit what the machine has (None when all do): the host's
     available memory for a local run's host share, and on CUDA each replica's and trainer rank's GPU share
     (`num_gpus` of one GPU's memory)."""
     r, t = cfg.rollout, cfg.trainer
@@ -116,20 +116,20 @@ def too_big(est: MemoryEstimate, host_available: int, gpu_total: int | None, cfg
         replica_share = gpu_total * min(r.num_gpus or 1.0, 1.0)
         if est.replica > replica_share:
             return (
-                f"warning: a replica needs about {gib(est.replica)} (KV cache {gib(est.kv_per_replica)}) and its "
+                f"a replica needs about {gib(est.replica)} (KV cache {gib(est.kv_per_replica)}) and its "
                 f"share of a GPU (rollout.num_gpus={r.num_gpus:g}) is {gib(int(replica_share))}: lower "
                 "rollout.kv_blocks or give each replica more of a GPU"
             )
         rank_share = gpu_total * min(t.num_gpus or 1.0, 1.0)
         if est.trainer_per_rank > rank_share:
             return (
-                f"warning: a trainer rank needs about {gib(est.trainer_per_rank)} and its share of a GPU "
+                f"a trainer rank needs about {gib(est.trainer_per_rank)} and its share of a GPU "
                 f"(trainer.num_gpus={t.num_gpus:g}) is {gib(int(rank_share))}: lower trainer.micro_batch_tokens, "
                 "or use more trainer.num_workers or trainer.lora_rank"
             )
     if not cfg.run.ray_address and est.host > host_available:
         return (
-            f"warning: the run needs about {gib(est.host)} of host memory and {gib(host_available)} is available: "
+            f"the run needs about {gib(est.host)} of host memory and {gib(host_available)} is available: "
             "lower rollout.kv_blocks, rollout.replicas, trainer.micro_batch or relay.slots"
             + ("" if est.cuda else ", or train on a GPU")
         )
@@ -160,8 +160,13 @@ def host_available() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+class DoesNotFit(ValueError):
+    """The memory estimate says a part of the run cannot fit (`run.check_memory=false` starts it anyway)."""
+
+
 def check_memory(cfg: Any, model_dir: str | Path, cuda: bool) -> tuple[str, str | None]:
-    """(the estimate's line, the warning or None) for the run `cfg` on this machine."""
+    """(the estimate's line, the warning or None) for the run `cfg` on this machine; raises `DoesNotFit` in
+    place of the warning while `run.check_memory` is on."""
     from laminar.engine.config import ModelConfig
 
     est = estimate(cfg, ModelConfig.from_dir(model_dir), parameter_count(model_dir), cuda)
@@ -171,4 +176,7 @@ def check_memory(cfg: Any, model_dir: str | Path, cuda: bool) -> tuple[str, str 
 
         if torch.cuda.is_available():  # a cluster's driver may have no GPU of its own
             gpu_total = torch.cuda.get_device_properties(0).total_memory
-    return est.line(), too_big(est, host_available(), gpu_total, cfg)
+    reason = too_big(est, host_available(), gpu_total, cfg)
+    if reason and cfg.run.check_memory:
+        raise DoesNotFit(f"{reason} (or run.check_memory=false to start it anyway)")
+    return est.line(), f"warning: {reason}" if reason else None

@@ -1,5 +1,5 @@
 """The memory estimate printed at the start: the KV cache, weights, trainer and relay slots against the formula,
-and one warning line when the run cannot fit the machine (the GPU config run on a CPU asks for 5.6 GiB of KV)."""
+and one line when the run cannot fit the machine (the GPU config run on a CPU asks for 5.6 GiB of KV)."""
 
 from __future__ import annotations
 
@@ -57,14 +57,14 @@ def test_the_kv_cache_weights_trainer_and_relays_follow_the_formula():
     assert lora.trainer_state == PARAMETERS * 8  # the frozen base and the reference
 
 
-def test_a_run_that_cannot_fit_is_one_warning_line_naming_what_to_lower():
+def test_a_run_that_cannot_fit_is_one_line_naming_what_to_lower():
     gpu_config_on_cpu = load_config(
         "configs/smollm2-arith.yaml", ["model.path=", "model.device=cpu", "model.dtype=float32"]
     )
     est = estimate(gpu_config_on_cpu, SMOLLM2, PARAMETERS, cuda=False)
     assert est.kv_per_replica > 5 * GIB
     warning = too_big(est, 8 * GIB, None, gpu_config_on_cpu)
-    assert warning.startswith("warning: the run needs about ") and "8.00 GiB is available" in warning
+    assert warning.startswith("the run needs about ") and "8.00 GiB is available" in warning
     assert "rollout.kv_blocks" in warning and "\n" not in warning
     cpu = load_config("configs/smollm2-arith-cpu.yaml", ["model.path="])
     small = estimate(cpu, SMOLLM2, PARAMETERS, cuda=False)
@@ -73,7 +73,7 @@ def test_a_run_that_cannot_fit_is_one_warning_line_naming_what_to_lower():
     on_gpu = load_config("configs/smollm2-arith.yaml", ["model.path="])
     big = estimate(on_gpu, SMOLLM2, PARAMETERS, cuda=True)
     assert too_big(big, 64 * GIB, 80 * GIB, on_gpu) is None  # 3 GiB of KV on half an H100
-    assert too_big(big, 64 * GIB, 4 * GIB, on_gpu).startswith("warning: a replica needs about ")
+    assert too_big(big, 64 * GIB, 4 * GIB, on_gpu).startswith("a replica needs about ")
 
 
 def test_the_start_line_names_each_part():
