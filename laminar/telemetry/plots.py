@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -19,6 +20,42 @@ def _save(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def window_rates(
+    steps: list[dict[str, Any]], by_replica: dict[int, list[dict[str, Any]]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(window edges, trained tokens/s, generated tokens/s) over equal windows of wall time, a fortieth of the
+    run and at least a second: each step's tokens, and each replica report's tokens since that replica's last,
+    land whole in the window of their time, so the rates do not spike with the reports' spacing."""
+    end = max([r["t"] for r in steps] + [r["t"] for rows in by_replica.values() for r in rows] + [0.0])
+    width = max(end / 40, 1.0)
+    edges = np.arange(0.0, end + width, width)
+    if len(edges) < 2:
+        edges = np.array([0.0, width])
+    trained, generated = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1)
+    last = len(trained) - 1
+    for r in steps:
+        trained[min(int(r["t"] // width), last)] += r["tokens"]
+    for rows in by_replica.values():
+        before = 0
+        for r in sorted(rows, key=lambda r: r["t"]):
+            generated[min(int(r["t"] // width), last)] += r["tokens_generated"] - before
+            before = r["tokens_generated"]
+    return edges, trained / width, generated / width
+
+
+def _rate(ax: Any, t: np.ndarray, rate: np.ndarray, label: str, color: str) -> None:
+    """A windowed rate and its mean over the windows that had any (the run's steady rate, named)."""
+    ax.plot(t, rate, "-", color=color, label=label)
+    busy = rate[rate > 0]
+    if busy.size:
+        ax.axhline(
+            float(busy.mean()), linestyle="--", color=color, alpha=0.5, label=f"mean {busy.mean():,.0f}"
+        )
+    ax.set(ylabel="tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="lower right")
 
 
 def plot_run(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
@@ -55,27 +92,19 @@ def plot_run(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
         ax2.legend(loc="lower right")
         paths.append(_save(fig, out / "eval.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    if len(steps) >= 2:
-        t = [r["t"] for r in steps]
-        tps = [r["tokens"] / max(t[i] - t[i - 1], 1e-6) for i, r in enumerate(steps) if i > 0]
-        ax.plot(t[1:], moving_average(tps, 5), label="training (trained tokens/s)")
     by_rep: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in replicas:
         by_rep[r["replica"]].append(r)
-    if replicas:
-        ordered = sorted(replicas, key=lambda r: r["t"])
-        latest: dict[int, int] = {}
-        ts, totals = [], []
-        for r in ordered:
-            latest[r["replica"]] = r["tokens_generated"]
-            ts.append(r["t"])
-            totals.append(sum(latest.values()))
-        rates = [(totals[i] - totals[i - 1]) / max(ts[i] - ts[i - 1], 1e-6) for i in range(1, len(ts))]
-        k = max(1, len(by_rep) * 3)
-        ax.plot(ts[1:], moving_average(rates, k), label="generation (response tokens/s)")
-    ax.set(xlabel="wall time (s)", ylabel="tokens/s", title="Throughput")
-    ax.legend()
+    # Throughput as rates over equal windows of wall time; training and generation on their own axes, as
+    # generation's rate is often ten times training's.
+    edges, trained, generated = window_rates(steps, by_rep)
+    width = float(edges[1] - edges[0])
+    centres = edges[:-1] + width / 2
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    _rate(top, centres, trained, "trained tokens/s", "C0")
+    _rate(bottom, centres, generated, "generated tokens/s (all replicas)", "C1")
+    top.set(title=f"Throughput ({width:.0f} s windows)")
+    bottom.set(xlabel="wall time (s)")
     paths.append(_save(fig, out / "throughput.png"))
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -85,15 +114,35 @@ def plot_run(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     ax.set(xlabel="staleness (trainer version - generator version)", ylabel="trajectories", title="Staleness")
     paths.append(_save(fig, out / "staleness.png"))
 
+    # KV use as a heat map (a row a replica, a column a window: one readable panel at 2 replicas or 64) above
+    # each replica's weight version
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    for rep, rows in sorted(by_rep.items()):
+    kv = np.full((max(len(by_rep), 1), len(centres)), np.nan)
+    for row, (rep, rows) in enumerate(sorted(by_rep.items())):
+        for r in rows:
+            col = min(int(r["t"] // width), len(centres) - 1)
+            use = r["kv_used"] / max(r["kv_total"], 1)
+            kv[row, col] = use if np.isnan(kv[row, col]) else max(kv[row, col], use)
         t = [r["t"] for r in rows]
-        ax1.plot(t, [r["kv_used"] / max(r["kv_total"], 1) for r in rows], label=f"replica {rep}")
-        ax2.step(t, [r["version"] for r in rows], where="post", label=f"replica {rep}")
-    ax1.set(ylabel="KV use", title="Replicas: KV-cache use and weight version")
+        ax2.step(t, [r["version"] for r in rows], where="post", linewidth=0.8, label=f"replica {rep}")
+    image = ax1.imshow(
+        kv,
+        aspect="auto",
+        interpolation="nearest",
+        origin="lower",
+        extent=(0.0, float(edges[-1]), -0.5, kv.shape[0] - 0.5),
+        vmin=0.0,
+        vmax=1.0,
+        cmap="viridis",
+    )
+    fig.colorbar(image, ax=ax1, label="KV use (most in window)")
+    reps = sorted(by_rep)
+    ticks = range(0, len(reps), max(1, len(reps) // 8))  # at most about 8 labels
+    ax1.set_yticks(list(ticks), [str(reps[i]) for i in ticks])
+    ax1.set(ylabel="replica", title="Replicas: KV-cache use and weight version")
     ax2.set(xlabel="wall time (s)", ylabel="weight version")
-    if by_rep:
-        ax1.legend(fontsize=7, ncol=4)
+    if 0 < len(by_rep) <= 8:
+        ax2.legend(fontsize=7, ncol=4)
     paths.append(_save(fig, out / "replicas.png"))
 
     if any(r.get("tool_calls_mean") for r in steps):  # a run with tool turns
