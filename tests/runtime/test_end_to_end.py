@@ -110,6 +110,9 @@ def test_run_folder_has_everything(laminar_run):
     ):
         assert key in summary, key
     assert summary["trainer_steps"] == 4 and summary["publishes"] == 4
+    # the reward in use and why (the demo task's own: task.reward is empty)
+    assert summary["reward"]["path"] == "laminar.rewards.reverse:reverse_reward", summary["reward"]
+    assert "task.reward is empty" in summary["reward"]["why"]
 
 
 def test_every_trajectory_has_one_version_and_nothing_is_lost_or_trained_twice(laminar_run):
