@@ -143,11 +143,10 @@ def sample(model, prompt: list[int], n: int, length: int) -> list[list[int]]:
     return ids[:, len(prompt) :].tolist()
 
 
-def test_ppo_with_a_critic_raises_the_reward():
-    """The reward: the share of response tokens from the lower half of the vocabulary (about half at the start).
-    Sampled from the trainer's own policy, seeded: 12 steps of 4 prompts x 4 samples."""
+def rewards_of_a_short_run(tr: Trainer) -> list[float]:
+    """The reward of each of 12 steps of 4 prompts x 4 samples drawn from the trainer's own policy, seeded: the
+    share of response tokens from the lower half of the vocabulary (about half at the start)."""
     torch.manual_seed(0)
-    tr = gae_trainer(lr=3e-3, critic_lr=3e-3)
     rewards = []
     for step in range(12):
         groups = []
@@ -162,5 +161,10 @@ def test_ppo_with_a_critic_raises_the_reward():
                 t.reward = sum(x < VOCAB // 2 for x in t.response_ids) / len(t.response_ids)
             groups.append(trajs)
         rewards.append(tr.train_step(groups)["reward_mean"])
+    return rewards
+
+
+def test_ppo_with_a_critic_raises_the_reward():
+    rewards = rewards_of_a_short_run(gae_trainer(lr=3e-3, critic_lr=3e-3))
     start, end = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert end > start + 0.15, rewards
