@@ -1,6 +1,6 @@
 """The trainer tier as one handle: `trainer.num_workers` rank actors, started, called and replaced together.
 
-One rank is today's single trainer actor. Several are an FSDP2 group: placed with a Ray placement group packed
+One rank is a single trainer actor. Several are an FSDP2 group: placed with a Ray placement group packed
 on one machine (their publish writes into one shared-memory slot beside the master relay), or spread one rank a
 machine (the ranks away from rank 0 send their rows to the master relay, which assembles them), joined in a
 `torch.distributed` process group (NCCL on GPU, gloo on CPU). Every call goes to all ranks at once and returns

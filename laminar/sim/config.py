@@ -42,7 +42,7 @@ class SimConfig:
     steps: int = 100  # trainer steps to simulate
     warmup_steps: int = 3  # steps left out of the throughput window
     staleness_k: int = 4  # stream / partial: most versions a consumed trajectory may lag
-    # Laminar's dispatch policy (issue 14; the runtime's defaults but for the 7B repack_capped_batch_limit):
+    # Laminar's dispatch policy (the runtime's defaults but for the 7B repack_capped_batch_limit):
     max_ahead_batches: float = 3.0  # groups dispatched and not yet trained, in global batches (trainer steps)
     max_lag: int = 0  # `schedule.max_lag`: new work only for replicas holding the trainer's version (-1: any)
     max_staleness: int = (

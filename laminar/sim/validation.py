@@ -1,4 +1,4 @@
-"""Validation against our own measured schedule benchmark at small scale (issue 6: within 15% per schedule).
+"""Validation against our own measured schedule benchmark at small scale (within 15% per schedule).
 
 The simulated set-up is the measured one (`configs/gpu-schedules.yaml` with `trainer.steps=12`,
 results/schedules-gpu-repeats): 4 GPUs, 1 trainer GPU + 3 rollout replicas of one GPU, Qwen2.5-0.5B shape on
@@ -57,7 +57,7 @@ def small_gpu_config(cost: CostModel | None = None, **changes: Any) -> SimConfig
         repack_kv_frac=0.9,
         repack_batch_limit=256,
         repack_only_with_work=False,  # the measured runs predate the gate
-        max_lag=-1,  # and the runtime's dispatch policy when the measured runs were made (before issue 14's)
+        max_lag=-1,  # and the runtime's dispatch policy when the measured runs were made (no version gate)
         max_staleness=-1,  # (and before the staleness bound)
         repack_newest_first=False,
         repack_max_age=-1,
