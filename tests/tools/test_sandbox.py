@@ -5,6 +5,7 @@ does not give is skipped with the probe's own words, never passed silently."""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -122,14 +123,21 @@ def test_stdin_is_empty_and_a_big_file_is_refused():
     assert r.reason == "exception" and "File too large" in r.text
 
 
-def test_files_of_one_call_are_gone_before_the_next_and_the_directory_is_removed():
-    before = set(Path(tempfile.gettempdir()).glob("laminar-tool-*"))
-    assert run_code(
-        "open('left.txt', 'w').write('x'); print(sorted(__import__('os').listdir('.')))", LIMITS
-    ).ok
-    r = run_code("import os; print(os.path.exists('left.txt'))", LIMITS)
-    assert r.text == "False\n"
-    assert set(Path(tempfile.gettempdir()).glob("laminar-tool-*")) <= before
+def test_files_of_one_call_are_gone_before_the_next_and_the_directory_is_removed(monkeypatch):
+    # a temporary folder of this test's own (open to the sandbox's user, as /tmp is): other processes'
+    # sandboxes (a parallel test run) never show in it
+    own = Path(tempfile.mkdtemp(prefix="laminar-sandbox-test-"))
+    own.chmod(0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(own))
+    try:
+        assert run_code(
+            "open('left.txt', 'w').write('x'); print(sorted(__import__('os').listdir('.')))", LIMITS
+        ).ok
+        r = run_code("import os; print(os.path.exists('left.txt'))", LIMITS)
+        assert r.text == "False\n"
+        assert not list(own.iterdir())
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.mark.skipif(
