@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from laminar.telemetry.quiet import quiet_libraries
 
-    quiet_libraries(args.verbose)
+    quiet_libraries(args.verbose, keep_tqdm=True)  # the conversion's bar: tensors done of all, time left
     try:
         out = import_gguf(
             args.gguf_file, args.out, say=lambda line: print(f"laminar model import: {line}", flush=True)

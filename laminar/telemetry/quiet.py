@@ -31,14 +31,16 @@ def ray_logging_level(verbose: bool) -> int:
     return logging.INFO if verbose else logging.WARNING
 
 
-def quiet_libraries(verbose: bool) -> None:
+def quiet_libraries(verbose: bool, keep_tqdm: bool = False) -> None:
     """The same for this process, called first by a command (`laminar train`, `laminar model import`): the
     variables for the libraries it imports later, the switches for transformers and huggingface_hub, which it
-    may have imported already."""
+    may have imported already. `keep_tqdm`: bars drawn with tqdm itself still show (the GGUF import's
+    conversion bar, tensors done of all with the time left, is that command's progress)."""
     if verbose:
         return
     for key, value in QUIET_ENV.items():
-        os.environ.setdefault(key, value)
+        if not (keep_tqdm and key == "TQDM_DISABLE"):
+            os.environ.setdefault(key, value)
     import huggingface_hub.utils
     import transformers.utils.logging
 

@@ -37,3 +37,18 @@ def test_a_variable_the_user_set_keeps_its_value(monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")
     assert actor_env(False)["TRANSFORMERS_VERBOSITY"] == "info"
     assert actor_env(True) == {}
+
+
+def test_the_import_keeps_its_conversion_bar_and_a_run_does_not(monkeypatch):
+    """`laminar model import` shows the GGUF reader's tqdm bar (tensors converted of all, with the time left);
+    a run hides every bar."""
+    from laminar.telemetry.quiet import quiet_libraries
+
+    for key in QUIET_ENV:
+        monkeypatch.delenv(key, raising=False)
+    quiet_libraries(False, keep_tqdm=True)
+    import os
+
+    assert "TQDM_DISABLE" not in os.environ and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    quiet_libraries(False)
+    assert os.environ["TQDM_DISABLE"] == "1"
