@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from laminar.trainer.sharding import shard
+from laminar.trainer.sharding import clip_grad_norm, shard
 from laminar.trainer.state_files import CheckpointError, load_tensors, save_sharded, save_tensors
 
 DIR = "critic"  # the critic's folder inside a trainer checkpoint
@@ -81,11 +81,9 @@ class Critic:
 
     def step(self) -> float:
         """Clip the gradient (`trainer.max_grad_norm`, as the policy's) and update; returns the norm before."""
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        if hasattr(norm, "full_tensor"):  # sharded: a DTensor, already reduced over the ranks
-            norm = norm.full_tensor()
+        norm = clip_grad_norm(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()
-        return float(norm)
+        return norm
 
     # ---- checkpoints --------------------------------------------------------------------------------------
     def save(self, out: Path, rank: int = 0) -> None:

@@ -64,6 +64,15 @@ def compile_layers(model: PreTrainedModel) -> None:
         layer.compile(dynamic=True)
 
 
+def clip_grad_norm(parameters: Any, max_norm: float) -> float:
+    """Clip the gradients to `max_norm` and return their norm before, as a float: sharded (DTensor) parameters'
+    norm is already reduced over the ranks."""
+    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
 def shard_policy(
     policy: PolicyLogprobs, device: torch.device, cpu_offload: bool, reshard_after_forward: bool = True
 ) -> None:

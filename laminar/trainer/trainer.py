@@ -38,7 +38,7 @@ from laminar.trainer.logprobs import PolicyLogprobs
 from laminar.trainer.model_dir import check_model_dir
 from laminar.trainer.packing import supports_packing, use_packed_attention
 from laminar.trainer.publish import Publishing, WeightShard
-from laminar.trainer.sharding import MasterWeights, compile_layers, shard_policy
+from laminar.trainer.sharding import MasterWeights, clip_grad_norm, compile_layers, shard_policy
 
 
 def load_policy(path: str | Path) -> PreTrainedModel:
@@ -394,10 +394,7 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
 
     def _clip_grad_norm(self) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-        if hasattr(norm, "full_tensor"):  # sharded: a DTensor, already reduced over the ranks
-            norm = norm.full_tensor()
-        return float(norm)
+        return clip_grad_norm(self.model.parameters(), self.cfg.max_grad_norm)
 
     def _all_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Sum over the ranks (itself with one rank); float64 on the host side of the call."""
@@ -411,19 +408,22 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
 
     def _idle_pass(self, trajs: list[Trajectory]) -> None:
         """What a real micro-batch runs, in the same order and with zero loss, on the shortest sequence: the
-        policy's forward, the reference's forward when the KL term is on, the policy's backward. Every sharded
+        policy's forward, the reference's forward when the KL term is on, the policy's backward, and the critic's
+        forward and backward with PPO's critic. Every sharded
         module's collectives then run as often as on the busiest rank, without changing any gradient; a rank
         that skipped one would leave the others waiting in its all-gather."""
-        self._zero_loss_pass([min(trajs, key=lambda t: t.num_tokens)], reference=True)
+        self._zero_loss_pass([min(trajs, key=lambda t: t.num_tokens)], every_model=True)
 
-    def _zero_loss_pass(self, trajs: list[Trajectory], reference: bool = False) -> None:
+    def _zero_loss_pass(self, trajs: list[Trajectory], every_model: bool = False) -> None:
+        """A zero-loss forward and backward of the policy; `every_model`: of the KL reference and the critic too,
+        where the run has them (in a real micro-batch's order)."""
         batch = self._collate(trajs, [0.0] * len(trajs))
         logp = self._forward_logprobs(self.policy, batch)
-        if reference and self.ref_policy is not None:
+        if every_model and self.ref_policy is not None:
             with torch.no_grad():
                 self._forward_logprobs(self.ref_policy, batch)
         (logp.sum() * 0.0).backward()
-        if reference and self.critic is not None:  # and the critic's forward and backward, as a real one
+        if every_model and self.critic is not None:
             (self.critic.values(batch).sum() * 0.0).backward()
 
     def warm_up(self, tokens: int = 4096) -> None:

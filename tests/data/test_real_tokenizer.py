@@ -194,29 +194,12 @@ def test_a_hugging_face_model_is_warm_started_through_its_chat_template(chatml_d
 
 @pytest.mark.parametrize("style", ["llama3", "chatml", "demo"])
 def test_a_replica_loads_the_class_autotokenizer_chose_and_tokenizes_as_it_does(
-    style, llama_dir, chatml_dir, tmp_path
+    style, llama_dir, chatml_dir, tiny_model_dir
 ):
     """The driver's codec names AutoTokenizer's class; a replica's codec loaded from that name is the same class
     and gives the same ids, templated text and decoded text (the Qwen2-shaped directory resolves to Qwen2's own
     class through config.json, which a guess from tokenizer_config.json alone would miss)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from laminar.data.tasks import TaskCodec as DemoCodec
-    from laminar.data.tasks import save_model_dir
-
-    if style == "demo":
-        demo = DemoCodec()
-        shape = LlamaConfig(
-            vocab_size=demo.vocab_size,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-        path = save_model_dir(LlamaForCausalLM(shape), demo, tmp_path / "demo")
-    else:
-        path = {"llama3": llama_dir, "chatml": chatml_dir}[style]
+    path = {"llama3": llama_dir, "chatml": chatml_dir, "demo": tiny_model_dir}[style]
     driver = TaskCodec.from_dir(path)
     assert driver.tokenizer_class.startswith("transformers.")
     replica = TaskCodec.from_dir(path, tokenizer_class=driver.tokenizer_class)
