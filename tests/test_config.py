@@ -50,6 +50,7 @@ def test_yaml_then_overrides(tmp_path):
         ("rollout.speculation=always", ["rollout.speculation", "off, auto or on"]),
         ("rollout.speculation_max_draft=0", ["rollout.speculation_max_draft", "at least 1"]),
         ("rollout.speculation_min_acceptance=2", ["rollout.speculation_min_acceptance", "in [0, 1]"]),
+        ("rollout.speculation_cost_ratio=0", ["rollout.speculation_cost_ratio", "greater than 0"]),
         ("task.lengths_file=/no/such/file", ["task.lengths_file", "one integer per line"]),
         ("rollout.start_timeout_s=0", ["rollout.start_timeout_s", "a positive number of seconds"]),
         ("trainer.clip_low=0", ["trainer.clip_low", "in (0, 1)"]),

@@ -35,12 +35,16 @@ class RolloutConfig:
     pipeline: str = "auto"
     # grouped speculative decoding (laminar/engine/drafter.py): draft tokens from the group's text, verified in
     # the decode step; samples unchanged. off | auto (only while the running batch is at most
-    # speculation_max_batch and the group's draft tokens are accepted at least speculation_min_acceptance of the
-    # time) | on
+    # speculation_max_batch, for groups whose draft tokens are accepted at least speculation_min_acceptance of
+    # the time, and in steps where verifying is measured faster a token than plain decoding at that batch size:
+    # laminar/engine/gate.py) | on
     speculation: str = "off"
     speculation_max_draft: int = 8  # most draft tokens a request verifies in one step
     speculation_max_batch: int = 16
     speculation_min_acceptance: float = 0.5
+    # auto, until both paths are measured: a verify step's time in plain decode steps (speculate where a verify
+    # step is expected to emit more tokens a request than this)
+    speculation_cost_ratio: float = 2.0
 
     def check(self, cfg: Any) -> None:
         """Raise `ConfigError` naming the first field of this section that is wrong (`cfg`: the whole `Config`, for
@@ -104,6 +108,12 @@ class RolloutConfig:
             "rollout.speculation_min_acceptance",
             self.speculation_min_acceptance,
             "in [0, 1]",
+        )
+        check_field(
+            self.speculation_cost_ratio > 0,
+            "rollout.speculation_cost_ratio",
+            self.speculation_cost_ratio,
+            "greater than 0",
         )
         check_field(
             self.max_failures_in_a_row >= 1,

@@ -158,14 +158,18 @@ SPECULATION_MODES = ("off", "auto", "on")
 class Speculation:
     """Grouped speculative decoding (`drafter.py`): each decode step may verify draft tokens taken from the
     request's group's text. `on`: every request drafts whenever its group's text has a match; `auto`: only while
-    the running batch is at most `max_batch` and the group's drafts are accepted at least `min_acceptance` of the
-    time (where a decode step is bound by reading the weights, so extra tokens a row cost little). What a request
-    samples is the same either way; only the number of steps changes."""
+    the running batch is at most `max_batch`, for groups whose drafts are accepted at least `min_acceptance` of
+    the time, and in steps where the gate (`gate.py`) finds verifying faster a token than plain decoding, as
+    measured on this engine per batch size (before it has measured, by the acceptance against `cost_ratio`).
+    What a request samples is the same either way; only the number of steps changes."""
 
     mode: str = "off"
     max_draft: int = 8  # most draft tokens a request verifies in one step
     max_batch: int = 16  # auto: running requests at most
     min_acceptance: float = 0.5  # auto: a group's running rate of accepted draft tokens at least
+    cost_ratio: float = (
+        2.0  # auto: a verify step's time in plain decode steps, until the gate has measured both
+    )
 
     def __post_init__(self) -> None:
         if self.mode not in SPECULATION_MODES:
@@ -178,3 +182,5 @@ class Speculation:
             raise ValueError(f"speculation max_batch={self.max_batch}; expected >= 1")
         if not 0 <= self.min_acceptance <= 1:
             raise ValueError(f"speculation min_acceptance={self.min_acceptance}; expected in [0, 1]")
+        if not self.cost_ratio > 0:
+            raise ValueError(f"speculation cost_ratio={self.cost_ratio}; expected > 0")

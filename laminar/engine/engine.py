@@ -20,6 +20,7 @@ import torch
 from laminar.engine.block_manager import BlockManager
 from laminar.engine.config import ModelConfig, SamplingParams, Speculation
 from laminar.engine.drafter import Drafter
+from laminar.engine.gate import Gate
 from laminar.engine.layout import WeightLayout
 from laminar.engine.model_runner import Launched, ModelRunner
 from laminar.engine.moves import RequestMoves
@@ -31,7 +32,7 @@ from laminar.engine.sequence import (
     Sequence,
     StepOutput,
 )
-from laminar.engine.speculative import Speculating
+from laminar.engine.speculative import VERIFYING, Speculating
 from laminar.engine.tensor_parallel import TPGroup, local_config, shard_state_dict
 from laminar.engine.weights import load_safetensors_dir, unflatten
 
@@ -110,6 +111,7 @@ class Engine(RequestMoves, Speculating):
         self.prefill_tokens = 0
         self.decode_steps = self.queued_ahead = self.dropped_rows = 0
         self.drafter = Drafter() if speculating else None
+        self.gate = Gate(self.speculation.cost_ratio) if speculating else None  # auto's: verify or not
         self.verify_steps = self.draft_rows = self.verify_tokens = 0
         self.draft_tokens = self.accepted_tokens = 0
         self.draft_s = 0.0
@@ -217,11 +219,11 @@ class Engine(RequestMoves, Speculating):
         it waits for its own tokens, so the host's bookkeeping overlaps the device's work (see `_launch_next`)."""
         if self._ready is not None:  # a step that a weight load waited for, handed out now
             out, self._ready = self._ready, None
-            return out
+            return self._ended(out)
         if self._inflight is None:
             seqs, is_prefill = self.scheduler.schedule()
             if not seqs:
-                return StepOutput()
+                return self._ended(StepOutput())
             lens = [len(s) for s in seqs]
             sb = self._sampling(seqs, lens)
             if is_prefill:
@@ -231,18 +233,17 @@ class Engine(RequestMoves, Speculating):
                 num_tokens = sum(n - s.num_cached for s, n in zip(seqs, lens))
                 self.prefill_tokens += num_tokens
                 tokens, logprobs = self.runner.prefill(seqs, sb)
-                return self._record(
-                    seqs, tokens, logprobs, StepOutput(is_prefill=True, num_tokens=num_tokens)
-                )
+                out = StepOutput(is_prefill=True, num_tokens=num_tokens)
+                return self._ended(self._record(seqs, tokens, logprobs, out))
             drafts = self._drafts(seqs)
             if drafts is not None:
-                return self._verify(seqs, drafts)
+                return self._ended(self._verify(seqs, drafts), "verify", len(seqs))
             self._inflight = self.runner.launch_decode(seqs, lens, sb)
         step, self._inflight = self._inflight, None
         live = self._live_rows(step)  # nothing between the two changes a request
         if self.pipeline:
             self._inflight = self._launch_next(step, live)
-        return self._collect(step, live)
+        return self._ended(self._collect(step, live), "plain", len(step.seqs))
 
     def _sampling(self, seqs: list[Sequence], lens: list[int]) -> SamplingBatch:
         return SamplingBatch.of([s.params for s in seqs], [self._keys[s.request_id] for s in seqs], lens)
@@ -255,7 +256,10 @@ class Engine(RequestMoves, Speculating):
         blocks already freed; the device runs every later step after it). Only when the scheduler would decode
         the same requests: nothing waits to be admitted, no top-k/top-p row, and every block fits without
         preempting anyone. Otherwise None, and the next `step` schedules as usual."""
-        if self.scheduler.waiting or self._may_draft(step.seqs):
+        if self.scheduler.waiting:
+            return None
+        choice = self._choose(step.seqs)
+        if choice in VERIFYING:
             return None
         seqs, lens, rows, grow, need, bs = [], [], [], [], 0, self.blocks.block_size
         for i, (s, n, ok) in enumerate(zip(step.seqs, step.ctx_lens, live)):
@@ -274,6 +278,7 @@ class Engine(RequestMoves, Speculating):
             return None
         for s, n in grow:
             self.blocks.allocate(s, n)
+        self._commit(len(step.seqs), choice, False)
         self.queued_ahead += 1
         return self.runner.launch_decode(seqs, lens, sb, after=step)
 
@@ -423,6 +428,8 @@ class Engine(RequestMoves, Speculating):
             accepted_tokens=self.accepted_tokens,
             verify_tokens=self.verify_tokens,
             draft_s=self.draft_s,
+            gate_steps=dict(self.gate.steps) if self.gate else {},
+            gate_ms_per_token=self.gate.ms_per_token() if self.gate else {},
         )
 
     def reset_peak(self) -> None:

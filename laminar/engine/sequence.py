@@ -135,3 +135,7 @@ class EngineStats:
     accepted_tokens: int = 0
     verify_tokens: int = 0
     draft_s: float = 0.0
+    # auto's gate (`gate.py`): decode steps by the decision they ran under, and its measured milliseconds an
+    # emitted token of each path ("plain", "verify") by running-batch range ("1", "2-3", "4-7", ...)
+    gate_steps: dict[str, int] = field(default_factory=dict)
+    gate_ms_per_token: dict[str, dict[str, float | None]] = field(default_factory=dict)

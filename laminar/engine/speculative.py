@@ -7,35 +7,59 @@ from __future__ import annotations
 import time
 
 from laminar.engine.drafter import next_draft_len
+from laminar.engine.gate import expected_tokens
 from laminar.engine.sampler import SamplingBatch, accepted_prefix
 from laminar.engine.sequence import Sequence, StepOutput
 
+VERIFYING = ("verify", "explore_verify")  # the choices (`_choose`) under which a step verifies drafts
+
 
 class Speculating:
-    """`Engine`'s speculation (`speculation`, its drafter's groups, block manager, model runner and counters)."""
+    """`Engine`'s speculation (`speculation`, its drafter's groups, `gate`, block manager, model runner and
+    counters)."""
 
-    def _may_draft(self, seqs: list[Sequence]) -> bool:
-        """Whether a decode step of `seqs` may verify drafts (then it runs step by step, never queued ahead:
-        a draft continues the tokens the step before sampled)."""
+    def _choose(self, seqs: list[Sequence]) -> str | None:
+        """How a decode step of `seqs` goes: under `on` "verify"; under `auto` the gate's choice ("verify",
+        "plain", "explore_verify", "explore_plain"), or None where no request may draft (a running batch over
+        `max_batch`, no group accepting at least `min_acceptance`); under off None. A step that verifies runs
+        step by step, never queued ahead: a draft continues the tokens the step before sampled."""
         spec = self.speculation
         if spec.mode == "off" or not seqs:
-            return False
+            return None
         if spec.mode == "on":
-            return True
+            return "verify"
+        if len(seqs) > spec.max_batch:
+            return None
         low = spec.min_acceptance
-        return len(seqs) <= spec.max_batch and any(
-            s.group is not None and s.group.acceptance >= low for s in seqs
-        )
+        drafting = [s for s in seqs if s.group is not None and s.group.acceptance >= low]
+        if not drafting:
+            return None
+        tokens = sum(expected_tokens(s.group.acceptance, s.draft_len) for s in drafting)
+        return self.gate.choose(len(seqs), (tokens + len(seqs) - len(drafting)) / len(seqs))
+
+    def _commit(self, batch: int, choice: str | None, verified: bool) -> None:
+        """A decode step of `batch` requests runs, verifying drafts or not: the gate's bookkeeping (auto)."""
+        if choice is not None and self.speculation.mode == "auto":
+            self.gate.commit(batch, choice, verified)
+
+    def _ended(self, out: StepOutput, path: str | None = None, batch: int = 0) -> StepOutput:
+        """`out`, after the gate times the step that made it (a decode step on `path` of `batch` requests)."""
+        if self.gate is not None:
+            self.gate.ended(batch, path, sum(len(t) for t in out.new_tokens.values()))
+        return out
 
     def _guessing(self, seqs: list[Sequence]) -> bool:
         spec = self.speculation
         return spec.mode == "auto" and len(seqs) <= spec.max_batch
 
     def _drafts(self, seqs: list[Sequence]) -> list[list[int]] | None:
-        """Each scheduled request's draft tokens ([] for none), or None when no request drafts. A draft stops
-        one token short of the request's length limit, and within its share of the step's rows (`VERIFY_ROWS`)
-        and of the free blocks (never preempting anyone for a draft)."""
-        if not self._may_draft(seqs):
+        """Each scheduled request's draft tokens ([] for none), or None when the step does not verify (its
+        choice, or no request found a draft). A draft stops one token short of the request's length limit, and
+        within its share of the step's rows (`VERIFY_ROWS`) and of the free blocks (never preempting anyone for
+        a draft)."""
+        choice = self._choose(seqs)
+        if choice not in VERIFYING:
+            self._commit(len(seqs), choice, False)
             return None
         spec, t = self.speculation, time.perf_counter()
         share = min(spec.max_draft, (self.runner.max_rows - len(seqs)) // len(seqs))
@@ -56,6 +80,7 @@ class Speculating:
             drafts.append(d)
             any_draft |= bool(d)
         self.draft_s += time.perf_counter() - t
+        self._commit(len(seqs), choice, any_draft)
         return drafts if any_draft else None
 
     def _guess(self, seqs: list[Sequence], tokens: list[int]) -> None:

@@ -89,7 +89,11 @@ class EngineRecipe:
             version=self.version,
             pipeline=None if r.pipeline == "auto" else r.pipeline == "on",
             speculation=Speculation(
-                r.speculation, r.speculation_max_draft, r.speculation_max_batch, r.speculation_min_acceptance
+                r.speculation,
+                r.speculation_max_draft,
+                r.speculation_max_batch,
+                r.speculation_min_acceptance,
+                r.speculation_cost_ratio,
             ),
         )
 

@@ -73,10 +73,34 @@ def rand():
     return hf_model("qwen2")
 
 
+class StepClock:
+    """A gate's clock (`gate.py`) that a plain decode step advances by `plain` and a verify step by `verify`,
+    read off the engine's counters at each step's end: auto's decisions without real timing."""
+
+    def __init__(self, engine, plain: float = 1.0, verify: float = 2.0) -> None:
+        self.engine, self.plain, self.verify = engine, plain, verify
+        self.now, self.seen = 0.0, (0, 0)
+
+    def __call__(self) -> float:
+        e = self.engine
+        decode, verify = e.decode_steps - self.seen[0], e.verify_steps - self.seen[1]
+        self.now += (decode - verify) * self.plain + verify * self.verify
+        self.seen = (e.decode_steps, e.verify_steps)
+        return self.now
+
+
+def spec_engine(model, speculation, costs=(1.0, 2.0), **kw):
+    """An engine whose gate (if any) times steps by `costs` = (plain, verify) seconds a step (`StepClock`)."""
+    e = engine_for(model, speculation=speculation, **kw)
+    if e.gate is not None:
+        e.gate.clock = StepClock(e, *costs)
+    return e
+
+
 def group_run(model, speculation, prompts, n, params, max_num_seqs=4, **kw) -> tuple[dict, object]:
     """`n` samples of each prompt (seeds 0..n-1; without `ignore_eos` in `params`, EOS ends every other one),
     run to the end; the finished requests and the stats."""
-    e = engine_for(model, speculation=speculation, max_num_seqs=max_num_seqs, **kw)
+    e = spec_engine(model, speculation, max_num_seqs=max_num_seqs, **kw)
     for g, prompt in enumerate(prompts):
         for i in range(n):
             e.add_request(
@@ -183,14 +207,15 @@ SAMPLINGS = {
 }
 
 
+@pytest.mark.parametrize("mode", [ON, AUTO], ids=["on", "auto"])
 @pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
-def test_same_samples_as_plain_decoding(succ, rand, sampling):
+def test_same_samples_as_plain_decoding(succ, rand, sampling, mode):
     """Token for token, log-prob for log-prob, end for end, with stops inside accepted drafts (EOS on for half)
     and length limits; on the model that repeats (many drafts accepted) and on a random one (most rejected)."""
     prompts = [[5, 9, 14, 3], [7, 7, 2]]
     for model, accepts in ((succ, True), (rand, False)):
         params = {"max_new_tokens": 32, **SAMPLINGS[sampling]}
-        on, stats = group_run(model, ON, prompts, 6, params)
+        on, stats = group_run(model, mode, prompts, 6, params)
         off, plain = group_run(model, OFF, prompts, 6, params)
         assert_same(on, off)
         assert plain.draft_tokens == 0 and stats.draft_tokens > 0
@@ -340,15 +365,15 @@ def test_a_wrong_acceptance_rule_fails_the_distribution_test(small, monkeypatch)
 
 
 # ---- moves, tool turns, preemption, auto ---------------------------------------------------------------------
-def moved_run(model, move: bool) -> dict:
-    """A group of 6 on the repeating model, speculation on, with a park token (resumed with two context tokens
+def moved_run(model, move: bool, speculation=ON) -> dict:
+    """A group of 6 on the repeating model, speculating, with a park token (resumed with two context tokens
     three steps later). With `move`: once verify steps have run, one request is exported with its keys and
     values to a second engine, one without them and back into the same engine, and one while parked (into the
     second engine, resumed there)."""
     params = {"temperature": 1.0, "max_new_tokens": 40, "ignore_eos": True, "park_token_ids": (20,)}
     a, b = (
-        engine_for(model, speculation=ON, max_num_seqs=4),
-        engine_for(model, speculation=ON, max_num_seqs=4),
+        spec_engine(model, speculation, max_num_seqs=4),
+        spec_engine(model, speculation, max_num_seqs=4),
     )
     for i in range(6):
         a.add_request(f"r{i}", [5, 9, 14, 3], SamplingParams(**{**params, "seed": i}))
@@ -387,10 +412,11 @@ def moved_run(model, move: bool) -> dict:
     return done
 
 
-def test_moves_and_tool_turns_mid_speculation(succ):
+@pytest.mark.parametrize("mode", [ON, AUTO], ids=["on", "auto"])
+def test_moves_and_tool_turns_mid_speculation(succ, mode):
     """Exported and imported (with and without its keys and values, running or parked) and parked and resumed
     while speculating, a request ends exactly as the same request never moved."""
-    still, moved = moved_run(succ, move=False), moved_run(succ, move=True)
+    still, moved = moved_run(succ, move=False, speculation=mode), moved_run(succ, move=True, speculation=mode)
     assert_same(moved, still)
     assert any(f.output_mask and 0 in f.output_mask for f in still.values())  # some resumed with context
 
@@ -427,3 +453,51 @@ def test_auto_drafts_only_for_small_batches_that_accept(succ):
     assert always.accepted_tokens < always.draft_tokens / 3, always
     assert low.draft_tokens < always.draft_tokens / 3, (low, always)
     assert low.queued_ahead > 0 and low.draft_s > 0
+
+
+def test_auto_follows_the_measured_cost(succ):
+    """The same run on the model that repeats (most drafts accepted), with a verify step timed at 1.25 plain
+    steps and at 20: the gate chooses verifying for most steps in the first and plain decoding in the second (acceptance alone would verify as
+    often in both), and the samples are the same as off either way."""
+    params = {"temperature": 1.0, "max_new_tokens": 40, "ignore_eos": True}
+    kw = {"max_num_seqs": 2, "pipeline": True}
+    runs = {
+        cost: group_run(succ, AUTO, [[5, 9, 14, 3]], 8, params, costs=(1.0, cost), **kw)
+        for cost in (1.25, 20)
+    }
+    off, _ = group_run(succ, OFF, [[5, 9, 14, 3]], 8, params, max_num_seqs=2)
+    for done, _ in runs.values():
+        assert_same(done, off)
+    cheap, dear = runs[1.25][1], runs[20][1]
+    chose = {cost: stats.gate_steps for cost, (_, stats) in runs.items()}
+    assert chose[1.25]["verify"] > 4 * (chose[1.25]["plain"] + chose[1.25]["explore_plain"]), chose
+    assert chose[20]["plain"] > 8 * (chose[20]["verify"] + chose[20]["explore_verify"]), chose
+    assert chose[20]["explore_verify"] > 0 and chose[1.25]["explore_plain"] > 0, chose
+    assert dear.verify_steps < cheap.verify_steps / 2 and dear.decode_steps > 2 * cheap.decode_steps
+    assert dear.queued_ahead > cheap.queued_ahead
+    assert None not in dear.gate_ms_per_token["2-3"].values()
+
+
+def test_auto_turns_off_when_acceptance_collapses_and_on_when_it_recovers(succ):
+    """A group on a random model's weights (its samples' texts unrelated): drafts stop being accepted and the
+    steps go plain; the repeating model's weights loaded mid-run: drafts are accepted again and steps verify."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=200, ignore_eos=True)
+    noise = successor_model(scale=0.0, seed=3)
+    e = spec_engine(succ, AUTO, max_num_seqs=4, max_model_len=256)
+    e.load_state_dict(noise.state_dict(), version=1)
+    for i in range(4):
+        e.add_request(f"r{i}", [5, 9, 14, 3], SamplingParams(**{**params.__dict__, "seed": i}))
+
+    def verify_share(steps: int) -> float:
+        before = e.stats()
+        for _ in range(steps):
+            e.step()
+        s = e.stats()
+        return (s.verify_steps - before.verify_steps) / (s.decode_steps - before.decode_steps)
+
+    verify_share(20)  # the optimistic start: drafts tried, then their rate falls
+    collapsed = verify_share(40)
+    e.load_state_dict(succ.state_dict(), version=2)
+    verify_share(60)  # guesses raise the group's rate; the gate explores verifying and measures it paying
+    recovered = verify_share(40)
+    assert collapsed < 0.15 and recovered > 0.7, (collapsed, recovered, e.stats())
