@@ -68,6 +68,9 @@ def run_batch(engine: Engine, prompts: list[list[int]], group_size: int, params:
         "acceptance": (s.accepted_tokens - before.accepted_tokens) / drafted if drafted else None,
         "tokens_per_verify": (s.verify_tokens - before.verify_tokens) / rows if rows else None,
         "draft_s": s.draft_s - before.draft_s,
+        # auto's gate: this batch's decode steps by its decision; its ms an emitted token per path and batch range
+        "gate_steps": {k: n - before.gate_steps.get(k, 0) for k, n in s.gate_steps.items()},
+        "gate_ms_per_token": s.gate_ms_per_token,
         "outputs": done,
     }
 
@@ -128,9 +131,11 @@ def run_speculation(args: Any, device: str, dtype: torch.dtype, argv: list[str])
             tpv = (
                 "" if row["tokens_per_verify"] is None else f", {row['tokens_per_verify']:.2f} tokens/verify"
             )
+            gate = {k: n for k, n in row["gate_steps"].items() if n} if mode == "auto" else {}
             print(
                 f"batch {batch:3d} speculation {mode:4s}: {row['tokens_per_s']:8.1f} tokens/s ({row['tokens']} "
-                f"tokens, {row['decode_steps']} decode steps{acc}{tpv}, same tokens {row['same_tokens_as_first']})",
+                f"tokens, {row['decode_steps']} decode steps{acc}{tpv}, same tokens {row['same_tokens_as_first']})"
+                + (f"; gate steps {gate}, ms a token {row['gate_ms_per_token']}" if gate else ""),
                 flush=True,
             )
             del engine

@@ -183,6 +183,9 @@ class RolloutReplica(Moves, Storing):
             "accepted_tokens": stats.accepted_tokens,
             "verify_tokens": stats.verify_tokens,
             "draft_s": round(stats.draft_s, 4),
+            # auto's gate: decode steps by its decision, its measured ms an emitted token per path and batch
+            "gate_steps": stats.gate_steps,
+            "gate_ms_per_token": stats.gate_ms_per_token,
             "tool_reruns": self.tools.reruns if self.tools is not None else 0,
             # calls made here and their total wait for a free tool worker (`task.tool_workers`)
             **(

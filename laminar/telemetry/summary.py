@@ -21,6 +21,24 @@ SPECULATION_COUNTERS = (
 )
 
 
+def gate_summary(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """`rollout.speculation=auto`'s gate over the replicas' last snapshots: decode steps by its decision,
+    summed, and its measured ms an emitted token of each path by batch range, averaged over the replicas that
+    measured it. Empty where no replica has a gate."""
+    steps: Counter = Counter()
+    measured: dict[str, dict[str, list[float]]] = {}
+    for r in snapshots:
+        steps.update(r.get("gate_steps", {}))
+        for batch, paths in r.get("gate_ms_per_token", {}).items():
+            for path, ms in paths.items():
+                if ms is not None:
+                    measured.setdefault(batch, {}).setdefault(path, []).append(ms)
+    if not steps and not measured:
+        return {}
+    ms = {b: {p: round(float(np.mean(v)), 5) for p, v in paths.items()} for b, paths in measured.items()}
+    return {"gate_steps": dict(steps), "gate_ms_per_token": ms}
+
+
 def _stats(values: list[float]) -> dict[str, float]:
     if not values:
         return {"mean": 0.0, "max": 0.0}
@@ -160,6 +178,7 @@ def summarize(
             "acceptance": round(spec["accepted_tokens"] / spec["draft_tokens"], 4),
             "tokens_per_verify": round(spec["verify_tokens"] / max(spec["draft_rows"], 1), 4),
             "verify_share": round(spec["verify_steps"] / max(spec["decode_steps"], 1), 4),
+            **gate_summary(list(last.values())),
         }
     summary.update(extra or {})
     return summary

@@ -38,6 +38,21 @@ def test_speculation_counters_reach_the_summary():
     spec = s["speculation"]
     assert spec["draft_tokens"] == 40 and spec["accepted_tokens"] == 20 and spec["acceptance"] == 0.5
     assert spec["tokens_per_verify"] == 2.8 and spec["verify_share"] == 0.5 and spec["draft_s"] == 0.75
+    assert "gate_steps" not in spec  # no replica had a gate
+    gated = [
+        replica(
+            r,
+            1.0,
+            decode_steps=10,
+            draft_tokens=4,
+            gate_steps={"verify": 3, "plain": 5},
+            gate_ms_per_token={"1": {"plain": 1.0 + r, "verify": None}},
+        )
+        for r in (0, 1)
+    ]
+    spec = summarize(gated, schedule="laminar", wall_s=3.0, warmup_steps=0, trajectories={})["speculation"]
+    assert spec["gate_steps"] == {"verify": 6, "plain": 10}
+    assert spec["gate_ms_per_token"] == {"1": {"plain": 1.5}}
     plain = summarize(
         [replica(0, 1.0, decode_steps=5)], schedule="laminar", wall_s=3.0, warmup_steps=0, trajectories={}
     )
