@@ -69,6 +69,11 @@ class TrainerConfig:
     lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # or [all-linear]
     lora_publish: str = "merged"  # LORA_PUBLISH: merged | adapters (the replicas add B A to their base)
 
+    @property
+    def publishes_adapters(self) -> bool:
+        """LoRA whose publishes are the adapters alone, which the replicas add to the base they loaded."""
+        return self.lora_rank > 0 and self.lora_publish == "adapters"
+
     def check(self, cfg: Any) -> None:
         """Raise `ConfigError` naming the first field of this section that is wrong (`cfg`: the whole `Config`, for
         the fields of other sections this one depends on)."""

@@ -43,7 +43,7 @@ class Publishing:
         if check:
             self.check_finite()
         dtype = getattr(torch, self.publish_dtype) if self.publish_dtype else None
-        if self.lora and self.cfg.lora_publish == "adapters":  # the replicas add them to their base
+        if self.cfg.publishes_adapters:  # the replicas add them to their base
             return lora.adapter_weights(self.model, self._merged, dtype)
         if self.lora:
             return lora.merged_weights(self.model, self.publish_names(), self._merged, dtype)

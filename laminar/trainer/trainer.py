@@ -107,7 +107,7 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
             if world > 1:
                 raise ValueError("trainer.lora_rank > 0 needs one trainer rank (trainer.num_workers=1)")
             lora.add_adapters(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_modules, model_path)
-            if cfg.lora_publish == "adapters":
+            if cfg.publishes_adapters:
                 lora.adapted_modules(model)  # every adapter one the engine can add
         self.model = model.float().train()
         wanted = cfg.packing == "on" or (cfg.packing == "auto" and self.device.type == "cuda")
