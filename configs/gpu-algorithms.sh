@@ -5,6 +5,8 @@
 # `.carry/*.part-XX` to /tmp/carry; the call that runs this carries `.whl` (peft and accelerate among it, for LoRA)
 # and the checksum. Runs land in runs/algorithms/runs/NAME; later calls on the warm machine add to them.
 #   bash configs/gpu-algorithms.sh grpo,drgrpo,gspo        then        bash configs/gpu-algorithms.sh rloo,reinforce_pp,lora
+# LoRA's two publishes in the run (publish stall, propagation, the replicas' pull_s in each summary.json):
+#   ALG_OUT=runs/lora-publish-runs bash configs/gpu-algorithms.sh lora,lora_adapters
 set -uo pipefail
 out=${OUT:-runs/device-out}; dest=${ALG_OUT:-runs/algorithms}
 mkdir -p "$out"
@@ -16,6 +18,7 @@ declare -A recipe=(
   [rloo]="trainer.advantage=rloo"
   [reinforce_pp]="trainer.advantage=reinforce_pp_baseline"
   [lora]="trainer.lora_rank=32 trainer.lora_alpha=64 trainer.lr=2e-4"
+  [lora_adapters]="trainer.lora_rank=32 trainer.lora_alpha=64 trainer.lr=2e-4 trainer.lora_publish=adapters"
   [ppo]="trainer.advantage=gae trainer.critic_lr=1e-5"
 )
 variants=()

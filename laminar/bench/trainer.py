@@ -4,7 +4,11 @@ spawned here; NCCL on GPU, gloo on CPU). Reports the step time, trained tokens p
 padding, the model FLOPs utilisation (the products the step runs, `step_flops`, over the time and the cards'
 peak; `mfu_6nd` beside it, from 6 x parameters x tokens), the peak memory per GPU, and the actor's stall per
 publish: every rank writing its own rows into one shared-memory slot (as the runtime does), beside the time to
-copy one rank's shard into pinned host memory (the floor of that stall).
+copy one rank's shard into pinned host memory (the floor of that stall). With `--lora-rank`, the trainer trains
+LoRA adapters and publishes them merged or alone (`--lora-publish`, as `trainer.lora_publish`); every run then
+also times what a replica does with a version, `Engine.load_weights` from page-locked host memory on the same
+device (a copy of the whole model, or the base plus B A for the adapted weights): with the publish stall and the
+published bytes, the three costs of the two LoRA publishes.
 With `--profile`, a table of rank 0's operators by device time. Writes `DIR/trainer.json` and `DIR/trainer.md`
 (and `DIR/profile.txt`). A benchmark, never a test: nothing here asserts a speed."""
 
@@ -190,6 +194,10 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         compile=args.compile,
         reshard_after_forward=not args.no_reshard,
         advantage=args.advantage,
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        lora_target_modules=args.lora_targets.split(","),
+        lora_publish=args.lora_publish,
     )
     trainer = Trainer(
         cfg,
@@ -225,7 +233,6 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
 
     # the publish: each rank its rows into one slot, as TrainerActor does; and the floor, a pinned-host copy
     shards = trainer.weight_shards() if world > 1 else None
-    names = trainer.publish_names()
     layout = (
         WeightLayout.of_specs([(s.name, s.shape, s.dtype) for s in shards])
         if shards
@@ -276,6 +283,7 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         sync()
         floors.append(time.perf_counter() - t)
     writer.close()
+    applies = replica_applies(trainer, layout, args, device) if world == 1 else []
 
     mems = [peak_mem]
     if world > 1:
@@ -370,8 +378,47 @@ def measure(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[
         "publish_phases_ms_median": {k: round(1e3 * med(v), 2) for k, v in phases.items()},
         # every publish, in the same parts (the median above takes each part's median on its own)
         "publish_phases_ms": [{k: round(1e3 * phases[k][i], 2) for k in phases} for i in range(len(stalls))],
-        "published_tensors": len(names),
+        "published_tensors": len(layout.entries),
+        "published_bytes": layout.total_bytes,
+        "lora": {
+            "rank": args.lora_rank,
+            "alpha": args.lora_alpha,
+            "targets": args.lora_targets,
+            "publish": args.lora_publish,
+        }
+        if args.lora_rank
+        else None,
+        # one rank: a replica's engine on this device loading the published version (Engine.load_weights)
+        "replica_apply_s_median": round(med(applies), 4) if applies else None,
+        "replica_apply_s": [round(x, 4) for x in applies],
     }
+
+
+def replica_applies(trainer: Any, layout: Any, args: argparse.Namespace, device: torch.device) -> list[float]:
+    """Seconds for a replica's engine (the shape's, random weights, on `device`) to load each of
+    `args.publishes` published versions from page-locked host memory, as a replica reads a registered relay
+    slot. The first load is not counted: with adapters it copies the base of the adapted weights once."""
+    from laminar.engine import Engine
+    from laminar.engine.random_model import model_config
+    from laminar.engine.weights import flatten_into
+
+    cuda = device.type == "cuda"
+    engine = Engine(
+        model_config(args.shape),
+        device=device,
+        dtype=torch.bfloat16 if cuda else torch.float32,
+        max_num_seqs=8,
+        num_kv_blocks=16,
+        use_cuda_graphs=False,
+    )
+    flat = torch.empty(layout.total_bytes, dtype=torch.uint8, pin_memory=cuda)
+    flatten_into(trainer.named_weights(), layout, flat.numpy())
+    times = []
+    for version in range(args.publishes + 1):
+        t = time.perf_counter()
+        engine.load_weights(flat, layout, version + 1)
+        times.append(time.perf_counter() - t)
+    return times[1:]
 
 
 def _spawned(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
@@ -425,6 +472,17 @@ def parser() -> argparse.ArgumentParser:
         choices=["", "float32", "bfloat16"],
         help="one rank: the compute copy's dtype ('' = bfloat16 on CUDA; float32 = fp32 weights under bf16 autocast)",
     )
+    ap.add_argument("--lora-rank", type=int, default=0, help="> 0: train LoRA adapters of this rank")
+    ap.add_argument("--lora-alpha", type=float, default=16.0)
+    ap.add_argument(
+        "--lora-targets", default="all-linear", help="comma-separated module names, or all-linear"
+    )
+    ap.add_argument(
+        "--lora-publish",
+        default="merged",
+        choices=["merged", "adapters"],
+        help="what a LoRA publish sends: the merged model, or the adapters alone (trainer.lora_publish)",
+    )
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--publishes", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -439,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(argv or [])
     if args.ranks < 1:
         ap.error("--ranks must be at least 1")
+    if args.lora_rank and args.ranks > 1:
+        ap.error("--lora-rank needs --ranks 1 (LoRA runs on one trainer rank)")
     if args.device.startswith("cuda") and args.ranks > torch.cuda.device_count():
         ap.error(
             f"--ranks {args.ranks} needs {args.ranks} GPUs; this machine has {torch.cuda.device_count()}"

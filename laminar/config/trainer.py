@@ -13,6 +13,9 @@ LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 RATIOS = ("token", "sequence")
 # LoRA's default targets: the attention and MLP projections of Llama, Qwen and Mistral models
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# what a LoRA publish sends the replicas: the merged model in the base layout, or the adapters alone, which each
+# replica adds to the base it loaded from model.path
+LORA_PUBLISH = ("merged", "adapters")
 
 
 @dataclass
@@ -64,6 +67,12 @@ class TrainerConfig:
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank, the base frozen; 0 = full fine-tuning
     lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
     lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # or [all-linear]
+    lora_publish: str = "merged"  # LORA_PUBLISH: merged | adapters (the replicas add B A to their base)
+
+    @property
+    def publishes_adapters(self) -> bool:
+        """LoRA whose publishes are the adapters alone, which the replicas add to the base they loaded."""
+        return self.lora_rank > 0 and self.lora_publish == "adapters"
 
     def check(self, cfg: Any) -> None:
         """Raise `ConfigError` naming the first field of this section that is wrong (`cfg`: the whole `Config`, for
@@ -202,6 +211,13 @@ class TrainerConfig:
             "trainer.lora_target_modules",
             self.lora_target_modules,
             f"module names to adapt, e.g. {list(LORA_TARGETS)} or [all-linear]",
+        )
+        check_field(
+            self.lora_publish in LORA_PUBLISH,
+            "trainer.lora_publish",
+            self.lora_publish,
+            f"one of {list(LORA_PUBLISH)} (merged: the whole model, adapters: A and B alone, added to the "
+            "replicas' base)",
         )
         check_field(
             self.max_nonfinite_steps >= 1,

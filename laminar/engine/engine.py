@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from laminar.engine.adapters import AdaptedWeights, is_adapters
 from laminar.engine.block_manager import BlockManager
 from laminar.engine.config import ModelConfig, SamplingParams, Speculation
 from laminar.engine.drafter import Drafter
@@ -118,6 +119,7 @@ class Engine(RequestMoves, Speculating):
         self._keys: dict[str, int] = {}
         self._inflight: Launched | None = None  # a decode step queued, not yet collected
         self._ready: StepOutput | None = None  # a step collected early, not yet returned by `step`
+        self.adapted = AdaptedWeights()  # the base of the weights a LoRA adapter version changes
         if weights is not None:
             self.load_state_dict(weights, version)
         self.runner.capture_graphs()
@@ -373,11 +375,24 @@ class Engine(RequestMoves, Speculating):
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Copy Hugging Face-named tensors into the parameters in place (CUDA graphs and KV cache stay valid).
-        Under tensor parallelism `state` is the whole model; this rank copies its slices."""
+        Under tensor parallelism `state` is the whole model; this rank copies its slices. A version of LoRA
+        adapters alone (`adapters.py`) is added to the base: the weights last loaded whole."""
         self._drain()  # a step in flight samples with the weights and version it was queued under
+        params = dict(self.runner.model.named_parameters())  # a tied lm_head appears once, as the embedding
+        if is_adapters(state):
+            if self.tp:
+                raise ValueError("a LoRA adapter version under tensor parallelism: publish the merged model")
+            self.adapted.apply(params, state)
+        else:
+            self._load_whole(params, state)
+            self.adapted.clear()  # these weights are the base from now on
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the source buffer may be reused as soon as we return
+        self.version = version
+
+    def _load_whole(self, params: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
         if self.tp:
             state = shard_state_dict(state, self.config, self.tp.rank, self.tp.world)
-        params = dict(self.runner.model.named_parameters())  # a tied lm_head appears once, as the embedding
         tied_extra = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
         missing = sorted(set(params) - set(state))
         if missing:
@@ -400,9 +415,6 @@ class Engine(RequestMoves, Speculating):
                     f"weight {name!r} has shape {tuple(src.shape)}; this model expects {tuple(p.shape)}"
                 )
             p.copy_(src, non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the source buffer may be reused as soon as we return
-        self.version = version
 
     # ---- stats --------------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:

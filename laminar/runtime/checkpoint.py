@@ -11,6 +11,7 @@ from typing import Any
 import ray
 
 from laminar.jsonio import write_json
+from laminar.trainer.lora import ADAPTER_DIR
 from laminar.trainer.state_files import CheckpointError, read_json, verify_checkpoint
 
 RUNTIME_STATE = "runtime_state.json"  # the run's pools and counters beside the trainer's files
@@ -195,6 +196,16 @@ def check_runtime_state(path: Path) -> None:
 def checkpoint_version(path: Path) -> int:
     """The trainer's version a checkpoint holds (`check_checkpoint` has checked it)."""
     return read_json(path / "trainer_state.json", "trainer step, optimizer groups and RNG")["version"]
+
+
+def replica_weights(lora_adapters: bool, path: Path) -> dict[str, Any]:
+    """Where a resumed run's replicas take their first weights, as the `Factory`'s arguments: the checkpoint's
+    model (LoRA: merged) at its version; with LoRA adapters published alone (`lora_adapters`), the base from
+    `model.path` plus the checkpoint's adapters, since every version to come is added to that base."""
+    version = checkpoint_version(path)
+    if lora_adapters:
+        return {"adapter_path": str(path / ADAPTER_DIR), "version": version}
+    return {"engine_path": str(path), "version": version}
 
 
 def restore_checkpoint(rt: Any, path: Path) -> None:

@@ -56,10 +56,18 @@ def sweep(namespace: str, keep: set[str] = frozenset()) -> list[str]:
 
 
 class EngineRecipe:
-    """Picklable recipe for a replica's engine, built inside the replica's process."""
+    """Picklable recipe for a replica's engine, built inside the replica's process: the weights of `model_path`,
+    plus, with `adapter_path`, a peft adapter directory's LoRA adapters added to them (a resumed run whose
+    publishes are adapters: the replicas keep the base and add each version to it)."""
 
     def __init__(
-        self, model_path: str, cfg: Config, cuda: bool, version: int = 0, end_ids: tuple[int, ...] = ()
+        self,
+        model_path: str,
+        cfg: Config,
+        cuda: bool,
+        version: int = 0,
+        end_ids: tuple[int, ...] = (),
+        adapter_path: str = "",
     ) -> None:
         self.model_path, self.cfg, self.cuda, self.version, self.end_ids = (
             model_path,
@@ -68,6 +76,7 @@ class EngineRecipe:
             version,
             end_ids,
         )
+        self.adapter_path = adapter_path
 
     def __call__(self) -> Any:
         import torch
@@ -77,7 +86,7 @@ class EngineRecipe:
 
         r, cuda = self.cfg.rollout, self.cuda
         dtype = torch.bfloat16 if cuda or self.cfg.model.dtype == "bfloat16" else torch.float32
-        return Engine.from_pretrained(
+        engine = Engine.from_pretrained(
             self.model_path,
             eos_token_ids=self.end_ids,
             device="cuda" if cuda else "cpu",
@@ -96,6 +105,11 @@ class EngineRecipe:
                 r.speculation_cost_ratio,
             ),
         )
+        if self.adapter_path:
+            from laminar.engine.adapters import read_peft_adapter
+
+            engine.load_state_dict(read_peft_adapter(self.adapter_path), self.version)
+        return engine
 
 
 class ScorerRecipe:
@@ -161,8 +175,9 @@ class ToolRecipe:
 
 class Factory:
     """Built by the driver and handed to the manager, which makes every replica and relay with it (bound to
-    itself and the buffer: `for_manager`). `engine_path` and `version` are where the replicas' first weights
-    come from (a resumed run: its checkpoint); `namespace` is the run's."""
+    itself and the buffer: `for_manager`). `engine_path`, `adapter_path` and `version` are where the replicas'
+    first weights come from (a resumed run: its checkpoint, `checkpoint.replica_weights`); `namespace` is the
+    run's."""
 
     def __init__(
         self,
@@ -176,6 +191,7 @@ class Factory:
         manager: Any = None,
         buffer: Any = None,
         engine_path: str = "",
+        adapter_path: str = "",
         version: int = 0,
         end_ids: tuple[int, ...] = (),
         tokenizer_class: str = "",
@@ -185,6 +201,7 @@ class Factory:
         self.manager, self.partial_pool, self.buffer = manager, partial_pool, buffer
         self.interrupt_on_update = interrupt_on_update
         self.engine_path, self.version = engine_path or model_path, version
+        self.adapter_path = adapter_path
         self.end_ids = end_ids  # every token that ends a response: the model's, the tokenizer's, the run's
         self.tokenizer_class = (
             tokenizer_class  # the class the driver's AutoTokenizer chose ("" = choose again)
@@ -227,7 +244,7 @@ class Factory:
         t = cfg.task
         return ReplicaActor.options(**options).remote(
             rid,
-            EngineRecipe(self.engine_path, cfg, self.cuda, self.version, self.end_ids),
+            EngineRecipe(self.engine_path, cfg, self.cuda, self.version, self.end_ids, self.adapter_path),
             ScorerRecipe(
                 self.model_path,
                 self.reward,

@@ -17,7 +17,7 @@ from laminar.data.dataset import held_out_rows, train_rows, val_rows
 from laminar.manager.manager import RolloutManager
 from laminar.relay.relay import RelaySettings
 from laminar.rewards.stop import FailingRewards
-from laminar.runtime.checkpoint import checkpoint_version, restore_checkpoint, write_checkpoint
+from laminar.runtime.checkpoint import replica_weights, restore_checkpoint, write_checkpoint
 from laminar.runtime.control import (
     RESTARTS,
     BufferActor,
@@ -114,7 +114,7 @@ class Lifetime:
             end_ids=codec.end_ids,
             tokenizer_class=codec.tokenizer_class,
             # a resumed run's replicas start from the checkpoint's weights, at its version
-            **({"engine_path": str(resume), "version": checkpoint_version(resume)} if resume else {}),
+            **(replica_weights(cfg.trainer.publishes_adapters, resume) if resume else {}),
         )
         rt.manager = (
             ray.remote(num_cpus=0, **RESTARTS)(RolloutManager)

@@ -4,11 +4,13 @@ swapping, or being killed, minutes later.
 
     KV cache per replica = layers x 2 (keys, values) x KV heads x head dim x block_size x kv_blocks x dtype bytes
     weights per replica  = parameters x dtype bytes (bf16 on CUDA or with model.dtype=bfloat16, else fp32)
+                           [+ the adapted weights' base again with trainer.lora_publish=adapters]
     trainer per rank     = parameters x (4 fp32 weights + 4 gradients + 8 AdamW moments [+ 2 bf16 copy on CUDA]
                            [+ the reference's copy with trainer.kl_coef]) / ranks; LoRA: the frozen fp32 base
                            + a micro-batch's activations: tokens x (layers x (6 hidden + 4 intermediate) x dtype
                            bytes + vocabulary x 3 x 4 bytes: the fp32 logits, log-softmax and their gradient)
     relay slots          = relay.slots x parameters x the published dtype's bytes, in shared memory, per relay
+                           (LoRA adapters published alone: their rank x (in + out) numbers a projection)
 
 and each process's own footprint (torch, transformers and Ray's worker: `PROCESS_BYTES`). A micro-batch's tokens
 are `trainer.micro_batch_tokens` when set, else `trainer.micro_batch` sequences of twice `rollout.max_new_tokens`
@@ -94,17 +96,39 @@ def estimate(cfg: Any, shape: Any, parameters: int, cuda: bool) -> MemoryEstimat
     tokens = t.micro_batch_tokens or t.micro_batch * 2 * r.max_new_tokens
     per_token = shape.num_layers * (6 * shape.hidden_size + 4 * shape.intermediate_size) * (2 if cuda else 4)
     per_token += shape.vocab_size * 3 * 4
+    published, replica_weights = parameters, parameters
+    if t.publishes_adapters:  # the replicas keep the base of the adapted weights beside them
+        projections = adapted_projections(shape, t.lora_target_modules)
+        published = shape.num_layers * sum(t.lora_rank * (i + o) for i, o in projections)
+        replica_weights += shape.num_layers * sum(i * o for i, o in projections)
     return MemoryEstimate(
         kv_per_replica=kv,
-        weights_per_replica=parameters * engine_bytes,
+        weights_per_replica=replica_weights * engine_bytes,
         trainer_state=int(parameters * per_param),
         trainer_activations=tokens * per_token,
-        relay_slots=cfg.relay.slots * parameters * engine_bytes,
+        relay_slots=cfg.relay.slots * published * engine_bytes,
         replicas=r.replicas,
         ranks=t.num_workers,
         relays=1 if cfg.run.ray_address else 2,
         cuda=cuda,
     )
+
+
+def adapted_projections(shape: Any, targets: list[str]) -> list[tuple[int, int]]:
+    """(in, out) of each projection of a decoder layer that LoRA adapts: those of `targets` among the attention's
+    and the MLP's (`all-linear`: every one)."""
+    h, i = shape.hidden_size, shape.intermediate_size
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    sizes = {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
+    return [size for name, size in sizes.items() if "all-linear" in targets or name in targets]
 
 
 def too_big(est: MemoryEstimate, host_available: int, gpu_total: int | None, cfg: Any) -> str | None:

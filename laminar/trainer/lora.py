@@ -1,8 +1,11 @@
-"""LoRA through `peft`: low-rank adapters on the policy's projections, the base weights frozen. Only the trainer
-knows of them: what it publishes and what a checkpoint's model files hold is the merged model, W + B A x
-alpha / rank, in the base model's layout, so the replicas, a resume's replicas and `laminar export` load it
-as any model. A checkpoint adds the adapters alone (`adapter/`, the format `peft.PeftModel.from_pretrained`
-reads) and their optimizer state; the base is loaded again from `model.path`."""
+"""LoRA through `peft`: low-rank adapters on the policy's projections, the base weights frozen. A publish is, by
+`trainer.lora_publish`, the merged model, W + B A x alpha / rank, in the base model's layout (the replicas load
+it as any model), or the adapters alone, A and B x alpha / rank for each adapted weight (`adapter_weights`),
+which each replica adds to the base it loaded from `model.path` (`laminar.engine.adapters`): rank x (in + out)
+numbers a projection instead of in x out. Either way a checkpoint's model files hold the merged model (what
+`laminar export` writes) and `adapter/` the adapters alone (the format `peft.PeftModel.from_pretrained` reads;
+what a resumed run's replicas add to the base with `adapters`), with their optimizer state; the base is loaded
+again from `model.path`."""
 
 from __future__ import annotations
 
@@ -86,6 +89,41 @@ def merged_weights(
         torch.add(weight, layer.get_delta_weight(ADAPTER), out=buf)
         merged[name] = buf
     return merged
+
+
+@torch.no_grad()
+def adapter_weights(
+    model: nn.Module, out: dict[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """The adapters as the engine adds them (`laminar.engine.adapters`): `X.lora_A.weight` and `X.lora_B.weight` x
+    peft's scale (alpha / rank) for each adapted weight `X.weight`, in `dtype`. A is the parameter itself (or
+    its cast copy); the scaled Bs go into `out`'s buffers, kept between publishes."""
+    out = {} if out is None else out
+    weights = {}
+    for name, m in adapted_modules(model).items():
+        a, b = m.lora_A[ADAPTER].weight.detach(), m.lora_B[ADAPTER].weight.detach()
+        want = dtype or b.dtype
+        weights[f"{name}.lora_A.weight"] = a.to(want)
+        key = f"{name}.lora_B.weight"
+        buf = out.get(key)
+        if buf is None or buf.dtype != want:
+            buf = out[key] = torch.empty(b.shape, dtype=want, device=b.device)
+        torch.mul(b, m.scaling[ADAPTER], out=buf)
+        weights[key] = buf
+    return weights
+
+
+def adapted_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """The modules peft adapted, by their base names; an adapter the engine could not add to a linear weight
+    (peft's embedding or convolution adapters) raises, naming it."""
+    layers = {n: m for n, m in model.named_modules() if hasattr(m, "get_delta_weight")}
+    for name, m in layers.items():
+        if ADAPTER not in getattr(m, "lora_A", {}) or not isinstance(m.get_base_layer(), nn.Linear):
+            raise ValueError(
+                f"trainer.lora_publish=adapters: {name} ({type(m.get_base_layer()).__name__}) is not a linear "
+                "layer, whose adapters the engine adds; adapt linear layers only, or publish merged"
+            )
+    return layers
 
 
 def save_adapter(model: nn.Module, out: Path) -> None:

@@ -18,7 +18,7 @@ def _ties_embeddings(model: PreTrainedModel) -> bool:
 
 
 class Publishing:
-    """`Trainer`'s side of a publish (reads `model`, `master`, `lora`, `publish_dtype`, `rank` and `world`)."""
+    """`Trainer`'s side of a publish (reads `cfg`, `model`, `master`, `lora`, `publish_dtype`, `rank` and `world`)."""
 
     def publish_names(self) -> list[str]:
         """The published tensors' names, the keys `save_pretrained` writes: with tied embeddings
@@ -31,7 +31,8 @@ class Publishing:
         return list(self._names)
 
     def named_weights(self, check: bool = True) -> dict[str, torch.Tensor]:
-        """The HF state_dict to publish (`publish_names`). The tensors are live views, valid until the next
+        """The HF state_dict to publish (`publish_names`), or with `trainer.lora_publish=adapters` the LoRA
+        adapters alone (`lora.adapter_weights`). The tensors are live views, valid until the next
         `train_step`; copy them out before training on. On CUDA they stay on the GPU (the publisher copies them
         into its registered shared-memory slot); with `publish_dtype` they are cast copies, e.g. bf16 for a bf16
         engine, which halves the bytes on the weight path. Non-finite weights raise `NonFiniteError` instead
@@ -42,7 +43,9 @@ class Publishing:
         if check:
             self.check_finite()
         dtype = getattr(torch, self.publish_dtype) if self.publish_dtype else None
-        if self.lora:  # rollouts get the merged model, never the adapters
+        if self.cfg.publishes_adapters:  # the replicas add them to their base
+            return lora.adapter_weights(self.model, self._merged, dtype)
+        if self.lora:
             return lora.merged_weights(self.model, self.publish_names(), self._merged, dtype)
         if self.master is not None and dtype == self.master.dtype:  # the compute copy is already that cast
             if self._compute_views is None:  # refreshed in place after every update: resolved once

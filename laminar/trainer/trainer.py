@@ -107,6 +107,8 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
             if world > 1:
                 raise ValueError("trainer.lora_rank > 0 needs one trainer rank (trainer.num_workers=1)")
             lora.add_adapters(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_modules, model_path)
+            if cfg.publishes_adapters:
+                lora.adapted_modules(model)  # every adapter one the engine can add
         self.model = model.float().train()
         wanted = cfg.packing == "on" or (cfg.packing == "auto" and self.device.type == "cuda")
         self.packed = wanted and supports_packing(self.model)
@@ -155,7 +157,7 @@ class Trainer(Batching, Publishing, Checkpointing, FiniteChecks):
         self._compute_views: dict[str, torch.Tensor] | None = None  # see named_weights
         self._cast: torch.Tensor | None = None  # the last weight_shards' cast rows, one buffer
         self._cast_rows: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # that buffer and its views
-        self._merged: dict[str, torch.Tensor] = {}  # LoRA: the merged weights' buffers (see named_weights)
+        self._merged: dict[str, torch.Tensor] = {}  # LoRA: the published buffers kept (see named_weights)
         self.nonfinite_steps = 0  # skipped steps, all told
         self.nonfinite_in_a_row = 0
         if self.device.type == "cuda":

@@ -1,6 +1,7 @@
-"""A short run with LoRA on the three-node test cluster: the replicas serve the merged weights the trainer
-publishes (their log-probs agree with the trainer's at the same version), the reward path scores, the loss
-moves, and the checkpoint passes the resume's checks and exports as a plain model."""
+"""A short run with LoRA on the three-node test cluster, publishing the merged model or the adapters alone
+(`trainer.lora_publish`): the replicas serve the trainer's weights (their log-probs agree with the trainer's at
+the same version), the reward path scores, the loss moves, the checkpoint passes the resume's checks and exports
+as a plain model, and a resumed run's replicas serve the checkpoint's weights and pass the audit."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from tests.runtime.test_end_to_end import tiny_run_config
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def lora_run(ray_cluster, tiny_model_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=["merged", "adapters"])
+def lora_run(request, ray_cluster, tiny_model_dir, tmp_path_factory):
     from laminar.train import train
 
-    out = tmp_path_factory.mktemp("lora-run")
+    out = tmp_path_factory.mktemp(f"lora-run-{request.param}")
     cfg = tiny_run_config(
         tiny_model_dir,
         out,
@@ -29,22 +30,26 @@ def lora_run(ray_cluster, tiny_model_dir, tmp_path_factory):
         "schedule=sync",  # batch v on version v: every step's samples come from the trainer's own weights
         "trainer.checkpoint_every=2",
         "run.export=float32",
+        f"trainer.lora_publish={request.param}",
     )
     summary = train(cfg, out, quiet=True)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return out, summary, records
 
 
-def test_the_replicas_serve_the_merged_weights(lora_run):
+def test_the_replicas_serve_the_trainers_weights(lora_run):
     _, summary, records = lora_run
     steps = [r for r in records if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4] and summary["pulls"] >= 1
-    # from step 2 on, sampled by the replicas from the merged weights of the version the trainer holds: the
-    # trainer's log-probs (adapters unmerged) agree to float precision; the base weights would be ~0.04 away
+    # from step 2 on, sampled by the replicas from the version the trainer holds (merged, or their base plus the
+    # published adapters): the trainer's log-probs (adapters unmerged) agree to float precision; the base weights
+    # would be ~0.04 away
     assert all(r["staleness"] == [0] * 8 for r in steps)
     assert all(r["logprob_mismatch_same_weights"] < 1e-5 for r in steps)
     assert len({round(r["loss"], 9) for r in steps}) > 1
     assert all("reward_mean" in r and r["reward_errors_in_batch"] == 0 for r in steps)
+    t = summary["trajectories"]
+    assert t["duplicated"] == 0 and t["lost"] == 0 and t["trained"] == 4 * 2 * 4, t  # the audit's counts
 
 
 def test_the_checkpoint_resumes_and_exports_as_a_plain_model(lora_run, tiny_model_dir):
@@ -62,3 +67,23 @@ def test_the_checkpoint_resumes_and_exports_as_a_plain_model(lora_run, tiny_mode
     assert not torch.equal(
         exported["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
     )
+
+
+def test_a_resumed_run_serves_the_checkpoints_weights_and_passes_the_audit(lora_run):
+    """With adapters, the resumed run's replicas load the base and add the checkpoint's adapters to it."""
+    from laminar.config.load import load_config
+    from laminar.telemetry.audit import audit_run
+    from laminar.train import train
+
+    out, _, _ = lora_run
+    cfg = load_config(out / "config.yaml", ["trainer.steps=6", "run.ray_address="])
+    summary = train(cfg, out, quiet=True, resume=True)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["step"] for r in steps][-2:] == [5, 6]
+    # step 5's samples come from the checkpoint's version, as the resumed replicas load it
+    assert steps[-2]["staleness"] == [0] * 8 and steps[-2]["logprob_mismatch_same_weights"] < 1e-5
+    t = summary["trajectories"]
+    assert t["duplicated"] == 0 and t["lost"] == 0, t
+    audit = audit_run(out)
+    assert audit.ok and audit.segments == 2, audit

@@ -55,6 +55,17 @@ def test_the_kv_cache_weights_trainer_and_relays_follow_the_formula():
         load_config(None, ["trainer.lora_rank=8", "trainer.kl_coef=0.01"]), SMOLLM2, PARAMETERS, False
     )
     assert lora.trainer_state == PARAMETERS * 8  # the frozen base and the reference
+    adapters = estimate(
+        load_config(None, ["trainer.lora_rank=8", "trainer.lora_publish=adapters"]),
+        SMOLLM2,
+        PARAMETERS,
+        False,
+    )
+    qkvo = 576 * 576 * 2 + 576 * 192 * 2  # SmolLM2: 9 query heads, 3 key-value heads of 64
+    mlp = 576 * 1536 * 3
+    assert adapters.weights_per_replica == (PARAMETERS + 30 * (qkvo + mlp)) * 4  # the adapted base kept
+    ranked = 8 * ((576 + 576) * 2 + (576 + 192) * 2 + (576 + 1536) * 3)
+    assert adapters.relay_slots == 3 * 30 * ranked * 4  # the adapters alone
 
 
 def test_a_run_that_cannot_fit_is_one_line_naming_what_to_lower():

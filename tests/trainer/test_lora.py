@@ -1,5 +1,6 @@
 """LoRA (`trainer.lora_rank`): the trainer trains the adapters alone, publishes the merged model in the base
-layout (what the engine loads), and checkpoints the adapters and their optimizer state, resuming exactly."""
+layout (what the engine loads) or, with `trainer.lora_publish=adapters`, the adapters alone (which the engine adds
+to its base), and checkpoints the adapters and their optimizer state, resuming exactly."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from transformers import AutoModelForCausalLM
 from laminar.config import ConfigError, RolloutConfig, TrainerConfig
 from laminar.config.load import load_config
 from laminar.engine import Engine
+from laminar.engine.adapters import read_peft_adapter
+from laminar.engine.layout import WeightLayout
+from laminar.engine.weights import flatten_state_dict
 from laminar.trainer.lora import ADAPTER_DIR
 from laminar.trainer.state_files import OPTIMIZER_DIR, CheckpointError, check_tensors, load_trainer_state
 from laminar.trainer.trainer import Trainer
@@ -93,6 +97,79 @@ def test_the_engine_serves_the_merged_weights_with_the_trainers_log_probs(base):
     assert engine.stats().version == tr.version == 2
 
 
+def max_gap(trajs, logprobs) -> float:
+    return max(float(np.abs(np.asarray(lp) - np.asarray(t.logprobs)).max()) for t, lp in zip(trajs, logprobs))
+
+
+@pytest.mark.parametrize("targets", [["all-linear"], ["q_proj", "v_proj", "up_proj"]])
+def test_the_engine_adds_the_published_adapters_to_its_base_with_the_trainers_log_probs(base, targets):
+    """`trainer.lora_publish=adapters`: the engine keeps the base it loaded and adds each version's B A, each in
+    its rows of the fused q/k/v and gate/up matrices (all of them adapted, or some parts only); what it samples
+    has the log-probs the trainer's peft model gives, to fp32 precision."""
+    tr = lora_trainer(base, lora_publish="adapters", lora_target_modules=targets)
+    engine = Engine.from_pretrained(base, max_num_seqs=8)
+    at_base = sampled(engine, TEMPERATURE)
+    for seed in range(3):  # every version added to the base, not to the version before
+        tr.train_step(make_groups(tr, seed=seed))
+        layout, flat = flatten_state_dict(tr.named_weights())  # the bytes the relays move
+        engine.load_weights(flat, layout, tr.version)
+        trajs = sampled(engine, TEMPERATURE)
+        assert max_gap(trajs, tr.response_logprobs(trajs)) <= 1e-5
+    assert engine.stats().version == tr.version == 3
+    assert max_gap(at_base, tr.response_logprobs(at_base)) > 1e-3  # the adapters moved the log-probs
+
+
+def test_an_adapter_publish_is_the_adapters_alone_sized_by_rank_and_targets(base):
+    tr = lora_trainer(base, lora_publish="adapters")
+    tr.train_step(make_groups(tr, seed=0))
+    published = tr.named_weights()
+    params = dict(tr.model.named_parameters())
+    for name, t in published.items():  # A as trained, B times alpha / rank: the bytes alone give the weights
+        layer, factor = name.split(".lora_")
+        want = params[f"{layer}.lora_{factor.removesuffix('.weight')}.default.weight"]
+        assert torch.equal(t, want * (ALPHA / RANK) if factor == "B.weight" else want), name
+
+    cfg = tiny_model().config
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    kv = cfg.num_key_value_heads * h // cfg.num_attention_heads
+    sizes = {
+        "q": (h, h),
+        "k": (h, kv),
+        "v": (h, kv),
+        "o": (h, h),
+        "gate": (h, i),
+        "up": (h, i),
+        "down": (i, h),
+    }
+    per_layer = sum(RANK * (fan_in + fan_out) for fan_in, fan_out in sizes.values())
+    layout = WeightLayout.of(published)  # every tensor's bytes a multiple of 64: no alignment padding
+    assert len(layout.entries) == 2 * 7 * cfg.num_hidden_layers
+    assert layout.total_bytes == cfg.num_hidden_layers * per_layer * 4
+    merged = WeightLayout.of(lora_trainer(base).named_weights()).total_bytes
+    assert layout.total_bytes < merged / 4
+    tr.publish_dtype = "bfloat16"
+    assert WeightLayout.of(tr.named_weights()).total_bytes == layout.total_bytes // 2
+
+
+def test_a_resumed_runs_replicas_add_the_checkpoints_adapters_to_the_base(base, tmp_path):
+    """What a resume's replicas load with `adapters`: the base from `model.path`, then the checkpoint's `adapter/`
+    (peft's files, B unscaled) as the checkpoint's version, which serves the merged model the checkpoint holds."""
+    tr = lora_trainer(base, lora_publish="adapters")
+    for seed in range(2):
+        tr.train_step(make_groups(tr, seed=seed))
+    ckpt = tr.save_checkpoint(tmp_path / "ckpt")
+    adapters = read_peft_adapter(ckpt / ADAPTER_DIR)
+    published = tr.named_weights()
+    assert sorted(adapters) == sorted(published)
+    assert all(torch.allclose(adapters[k], v, atol=1e-7) for k, v in published.items())
+    resumed = Engine.from_pretrained(base, max_num_seqs=8)
+    resumed.load_state_dict(adapters, version=2)
+    merged = Engine.from_pretrained(ckpt, max_num_seqs=8)  # the checkpoint's merged model
+    want = dict(merged.runner.model.named_parameters())
+    for name, p in resumed.runner.model.named_parameters():
+        assert torch.allclose(p, want[name], atol=1e-6), name
+
+
 def test_a_lora_checkpoint_is_the_adapters_and_resumes_exactly(base, tmp_path):
     tr = lora_trainer(base)
     for seed in range(2):
@@ -159,10 +236,19 @@ def test_lora_options_are_checked_by_name(base):
         load_config(None, ["trainer.lora_rank=4", "trainer.lora_target_modules=[]"])
     with pytest.raises(ValueError, match=r"trainer.lora_target_modules=\['c_attn'\].*named \[.*'q_proj'"):
         lora_trainer(base, lora_target_modules=["c_attn"])
+    with pytest.raises(
+        ConfigError, match=r"trainer.lora_publish='both' is invalid: one of \['merged', 'adapters'\]"
+    ):
+        load_config(None, ["trainer.lora_rank=4", "trainer.lora_publish=both"])
+    with pytest.raises(
+        ValueError, match="lora_publish=adapters: model.embed_tokens .Embedding. is not a linear"
+    ):
+        lora_trainer(base, lora_publish="adapters", lora_target_modules=["embed_tokens", "q_proj"])
 
     t = load_config(None, ["trainer.lora_rank=8", "trainer.lora_target_modules=[q_proj, v_proj]"]).trainer
     assert (t.lora_rank, t.lora_alpha, t.lora_target_modules) == (8, 16.0, ["q_proj", "v_proj"])
     assert load_config().trainer.lora_rank == 0  # full fine-tuning by default
+    assert load_config().trainer.lora_publish == "merged"
 
 
 def test_all_linear_adapts_every_projection_but_the_output_layer(base):
