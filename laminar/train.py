@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from laminar.config import Config, ConfigError, lr_warning
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.telemetry.provenance import code_digest
 from laminar.telemetry.quiet import actor_env, quiet_libraries, ray_logging_level
 

@@ -189,7 +189,7 @@ def test_a_relay_reads_a_versions_layout_without_loading_torch():
 
 def test_the_config_schema_imports_nothing_else_of_laminar():
     """The schema is the leaf every package may import: its modules import nothing of Laminar but each other, inside
-    functions and under `TYPE_CHECKING` included (the names registries own are checked by `laminar.config.load`)."""
+    functions and under `TYPE_CHECKING` included (the names registries own are checked by `laminar.configure`)."""
     schema = (
         "laminar.config.schema",
         "laminar.config.checks",

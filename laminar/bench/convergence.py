@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.config:
         ap.error("give the job's CONFIG (or --report DIR to rebuild a report)")
     from laminar.bench.schedules import card
-    from laminar.config.load import load_config
+    from laminar.configure import load_config
     from laminar.train import train
 
     out = Path(args.out)

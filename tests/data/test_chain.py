@@ -8,7 +8,7 @@ import re
 import pytest
 
 from laminar.config import Config, ConfigError
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.data.codec import TaskCodec
 from laminar.data.dataset import held_out_rows, train_rows
 from laminar.tasks import chain

@@ -9,7 +9,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from laminar.cli import main
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.data.dataset import (
     DatasetError,
     check_ground_truths,

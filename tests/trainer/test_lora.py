@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from laminar.config import ConfigError, RolloutConfig, TrainerConfig
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.engine import Engine
 from laminar.trainer.lora import ADAPTER_DIR
 from laminar.trainer.state_files import OPTIMIZER_DIR, CheckpointError, check_tensors, load_trainer_state
