@@ -239,7 +239,7 @@ def test_a_model_directory_without_a_tokenizer_or_of_another_architecture_is_one
 def test_own_rows_are_scored_by_the_math_reward_and_the_run_says_so_at_the_start(tmp_path):
     """The case that was silent: data.train_files without task.reward was scored by the demo's digit reversal."""
     from laminar.configure import load_config
-    from laminar.train import check_inputs, start_lines
+    from laminar.preflight import check_inputs, start_lines
     from tests.realmodel import write_real_model_dir
 
     model = write_real_model_dir(tmp_path / "model", "chatml")
