@@ -14,7 +14,7 @@ def resolve_model(cfg: Config) -> str:
     """The configured local model, or the task's warm-start checkpoint (made once by `laminar warmup`): its own
     tiny model's where the task has one (`laminar.tasks`), else the demo's."""
     if cfg.model.path:
-        from laminar.trainer.model_dir import check_model_dir
+        from laminar.engine.model_dir import check_model_dir
 
         check_model_dir(cfg.model.path)  # says what is missing before any actor starts
         return cfg.model.path

@@ -1,8 +1,7 @@
 """The trainer: a Hugging Face policy, AdamW and the GRPO step; plain Python (the runtime wraps it in an actor).
 Its other jobs live beside it, one module each, mixed into `Trainer`: batching (`batches`), the publish
 (`publish`), checkpoints (`checkpointing`), the non-finite guard (`finite`), the forward passes outside the
-step's loss (`forward`); the model's layout over devices is
-`sharding`, the model directory's check `model_dir`."""
+step's loss (`forward`); the model's layout over devices is `sharding`."""
 
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from laminar.config import RolloutConfig, TrainerConfig
 from laminar.data.records import Trajectory
 from laminar.data.staleness import staleness
+from laminar.engine.model_dir import check_model_dir
 from laminar.trainer import lora
 from laminar.trainer.batches import Batching
 from laminar.trainer.checkpointing import Checkpointing
@@ -36,7 +36,6 @@ from laminar.trainer.grpo import (
     whiten_tokens,
 )
 from laminar.trainer.logprobs import PolicyLogprobs
-from laminar.trainer.model_dir import check_model_dir
 from laminar.trainer.packing import supports_packing, use_packed_attention
 from laminar.trainer.publish import Publishing, WeightShard
 from laminar.trainer.sharding import MasterWeights, clip_grad_norm, compile_layers, shard_policy
