@@ -141,8 +141,6 @@ def find_cycle(edges: dict[tuple[str, str], list[tuple[str, str]]]) -> list[str]
 NOT_YET_BROKEN = {
     ("laminar.tasks", "laminar.data"): "the reverse and tool_arith tasks' generators and tokenizers live in "
     "laminar.data (data/tasks.py, data/tool_arith.py), while laminar.data.dataset reads the task registry",
-    ("laminar.tasks", "laminar.rewards"): "the chain task's reward (laminar.tasks.chain:score) is made of "
-    "laminar.rewards.math, while laminar.rewards.stop picks a task's reward from the registry",
 }
 
 
