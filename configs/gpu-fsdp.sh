@@ -14,7 +14,7 @@ mkdir -p "$out"
 bash configs/device-setup.sh > /tmp/setup.log 2>&1 || exit 1  # only what the image lacks
 export PYTHONPATH=/tmp/site:$PWD
 model=runs/models/qwen1.5b-random
-[ -f $model/model.safetensors ] || python3 -m laminar.engine.random_model --shape qwen2.5-1.5b --out $model
+[ -f $model/model.safetensors ] || python3 -m laminar.bench.random_model --shape qwen2.5-1.5b --out $model
 date
 python3 -m laminar.cli train "$config" run.out="$run" "$@" 2>&1 | tee "$out/train.log" | grep -v "Warning\|warn"
 rc=$?

@@ -17,7 +17,7 @@ export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv
 python3 -c 'import ray, yaml, matplotlib; print("ray", ray.__version__)' || exit 1
 model=runs/models/qwen0.5b-random
-[ -f $model/model.safetensors ] || python3 -m laminar.engine.random_model --shape qwen2.5-0.5b --out $model
+[ -f $model/model.safetensors ] || python3 -m laminar.bench.random_model --shape qwen2.5-0.5b --out $model
 date
 python3 -m laminar.cli bench schedules --config "$config" --out "$bench" --only "$only" "$@" \
   2>&1 | tee "$out/bench.log"

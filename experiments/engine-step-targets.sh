@@ -6,7 +6,7 @@ set -uo pipefail
 out=${OUT:-runs/engine-targets}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,memory.total --format=csv
-python3 -m laminar.engine.cuda_check 2>&1 | grep -v "Warning\|warn(" | tee "$out/cuda_check.log"
+python3 -m laminar.cuda_check 2>&1 | grep -v "Warning\|warn(" | tee "$out/cuda_check.log"
 bench() {  # bench LABEL MODEL BATCHES...
   local label=$1 model=$2; shift 2
   python3 -m laminar.cli bench engine --device cuda --model "$model" --batch-sizes "$@" --hf-batch-sizes \

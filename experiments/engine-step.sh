@@ -8,7 +8,7 @@ set -uo pipefail
 out=${OUT:-runs/engine-step}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,memory.total --format=csv
-python3 -m laminar.engine.cuda_check 2>&1 | tee "$out/cuda_check.log"
+python3 -m laminar.cuda_check 2>&1 | tee "$out/cuda_check.log"
 bench() {  # bench LABEL [FLAGS]
   local label=$1; shift
   python3 -m laminar.cli bench engine --device cuda --model qwen2.5-0.5b --batch-sizes 128 --hf-batch-sizes \

@@ -9,7 +9,7 @@ import sys
 import yaml
 
 from laminar.config import ConfigError
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.rewards.stop import choose_reward
 
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from laminar.cli import main
-from laminar.config.load import load_config
+from laminar.configure import load_config
 
 
 def test_bad_train_inputs_stop_before_anything_starts_and_say_what_is_wrong(tmp_path, capsys):
@@ -149,7 +149,7 @@ def test_version_names_the_package_and_its_source_digest(capsys):
 def test_config_prints_the_resolved_yaml_and_the_reward_it_scores_with(tmp_path, capsys):
     import yaml
 
-    from laminar.config.load import load_config
+    from laminar.configure import load_config
 
     path = tmp_path / "c.yaml"
     path.write_text("trainer:\n  steps: 7\n")
@@ -238,8 +238,8 @@ def test_a_model_directory_without_a_tokenizer_or_of_another_architecture_is_one
 
 def test_own_rows_are_scored_by_the_math_reward_and_the_run_says_so_at_the_start(tmp_path):
     """The case that was silent: data.train_files without task.reward was scored by the demo's digit reversal."""
-    from laminar.config.load import load_config
-    from laminar.train import check_inputs, start_lines
+    from laminar.configure import load_config
+    from laminar.preflight import check_inputs, start_lines
     from tests.realmodel import write_real_model_dir
 
     model = write_real_model_dir(tmp_path / "model", "chatml")

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from laminar.config import ConfigError, lr_warning
-from laminar.config.load import load_config
+from laminar.configure import load_config
 
 
 def test_defaults_are_the_demo_and_valid():

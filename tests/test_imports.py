@@ -1,7 +1,8 @@
 """The import graph: no cycle between the packages (a cycle means two packages are one, or a shared definition
-sits in the wrong one), and the relays, which move bytes, never import torch. Read from the source with `ast`:
-the imports a module runs when it is imported (its top level, `if` and `try` blocks, class bodies), not those
-inside functions or under `if TYPE_CHECKING:`."""
+sits in the wrong one), and the relays, which move bytes, never import torch. Read from the source with `ast`,
+two ways: the imports a module runs when it is imported (its top level, `if` and `try` blocks, class bodies), and
+every import it names anywhere, inside functions and under `if TYPE_CHECKING:` included (a lazy import is still a
+dependency, only a later one)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import functools
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import laminar
@@ -70,16 +72,36 @@ def imports_at_load(module: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+@functools.cache
+def imports_anywhere(module: str) -> tuple[str, ...]:
+    """The absolute module names `module` imports anywhere: at load, inside functions, under `TYPE_CHECKING`."""
+    out: list[str] = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))):
+        if isinstance(node, ast.Import):
+            out.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".")
+                package = package[: len(package) - node.level + (MODULES[module].name == "__init__.py")]
+                base = ".".join(package + ([node.module] if node.module else []))
+            named = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES]
+            out.extend(named or [base])
+    return tuple(out)
+
+
 def package_of(module: str) -> str:
     """The top-level package (`laminar.data`) or module (`laminar.config`) a module belongs to."""
     return ".".join(module.split(".")[:2])
 
 
-def package_graph() -> dict[tuple[str, str], list[tuple[str, str]]]:
+def package_graph(
+    imports: Callable[[str], tuple[str, ...]] = imports_at_load,
+) -> dict[tuple[str, str], list[tuple[str, str]]]:
     """Each edge between two packages, with the (importing module, imported module) pairs that make it."""
     edges: dict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
     for module in MODULES:
-        for target in imports_at_load(module):
+        for target in imports(module):
             if target.split(".")[0] != "laminar" or target == "laminar":
                 continue
             a, b = package_of(module), package_of(target)
@@ -114,8 +136,15 @@ def find_cycle(edges: dict[tuple[str, str], list[tuple[str, str]]]) -> list[str]
     return None
 
 
-def test_the_packages_import_each_other_without_a_cycle():
-    edges = package_graph()
+# Package edges that still close a cycle once lazy imports count, each with what moving it waits on. The test
+# fails on any other cycle, and on an entry here that no longer exists (then delete it).
+NOT_YET_BROKEN = {
+    ("laminar.tasks", "laminar.data"): "the reverse and tool_arith tasks' generators and tokenizers live in "
+    "laminar.data (data/tasks.py, data/tool_arith.py), while laminar.data.dataset reads the task registry",
+}
+
+
+def _assert_no_cycle(edges: dict[tuple[str, str], list[tuple[str, str]]]) -> None:
     cycle = find_cycle(edges)
     if cycle is not None:
         lines = []
@@ -126,6 +155,19 @@ def test_the_packages_import_each_other_without_a_cycle():
             "the packages import each other in a cycle (move the shared definition to the lower one):\n"
             + "\n".join(lines)
         )
+
+
+def test_the_packages_import_each_other_without_a_cycle():
+    _assert_no_cycle(package_graph())
+
+
+def test_no_cycle_either_with_lazy_and_type_checking_imports():
+    """Every import counts, those inside functions and under `TYPE_CHECKING` too: a package that imports another
+    lazily still needs it, and one that names another's type still depends on its definition."""
+    edges = package_graph(imports_anywhere)
+    gone = [edge for edge in NOT_YET_BROKEN if edge not in edges]
+    assert not gone, f"these edges are gone: delete them from NOT_YET_BROKEN: {gone}"
+    _assert_no_cycle({edge: made_by for edge, made_by in edges.items() if edge not in NOT_YET_BROKEN})
 
 
 def test_the_graph_sees_a_cycle_and_names_its_modules():
@@ -140,6 +182,9 @@ def test_the_graph_sees_a_cycle_and_names_its_modules():
     # what the real graph is made of: an import only type checkers read is not an edge
     assert "laminar.config" not in imports_at_load("laminar.schedules.schedule")
     assert "laminar.schedules.dispatch" in imports_at_load("laminar.schedules.schedule")
+    # ... but is one of every import's
+    assert "laminar.config" in imports_anywhere("laminar.schedules.schedule")
+    assert "laminar.data.codec" in imports_anywhere("laminar.tasks.reverse")  # inside a function
 
 
 def test_a_relay_imports_no_torch():
@@ -189,7 +234,7 @@ def test_a_relay_reads_a_versions_layout_without_loading_torch():
 
 def test_the_config_schema_imports_nothing_else_of_laminar():
     """The schema is the leaf every package may import: its modules import nothing of Laminar but each other, inside
-    functions and under `TYPE_CHECKING` included (the names registries own are checked by `laminar.config.load`)."""
+    functions and under `TYPE_CHECKING` included (the names registries own are checked by `laminar.configure`)."""
     schema = (
         "laminar.config.schema",
         "laminar.config.checks",

@@ -21,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from laminar.config.load import load_config  # noqa: E402
+from laminar.configure import load_config  # noqa: E402
 from laminar.telemetry.provenance import code_digest
 
 # (label, schedule, extra overrides): the four baselines, Laminar, its two ablations and two repack variants

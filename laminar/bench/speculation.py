@@ -28,7 +28,7 @@ from laminar.telemetry.provenance import code_digest
 def task_prompts(model_dir: str, task: str) -> tuple[list[list[int]], tuple[int, ...]]:
     """The task's held-out prompts encoded as a run would encode them (the model's chat template), and the
     model's end tokens."""
-    from laminar.config.load import load_config
+    from laminar.configure import load_config
     from laminar.data.codec import TaskCodec
     from laminar.data.dataset import held_out_rows
 

@@ -1,7 +1,7 @@
 """Typed configuration: the schema (`schema.py`, with the task, rollout and trainer sections in modules of their
-own: one dataclass a section, its checks beside its fields; a leaf of the package graph) and its loading from YAML with dotted overrides (`laminar.config.load.load_config`), validated when loaded, naming the
-field at fault. This package re-exports the schema alone, so importing it never imports the registries that
-`load` checks names against."""
+own: one dataclass a section, its checks beside its fields). The package imports nothing else of Laminar, so every
+package may import it; loading from YAML with dotted overrides, which also checks the names the registries own,
+sits above the registries in `laminar.configure`."""
 
 from laminar.config.checks import ConfigError
 from laminar.config.rollout import RolloutConfig

@@ -279,7 +279,7 @@ HIGH_LORA_LR = 1e-3  # LoRA adapters start at zero and take rates 10-100x a full
 
 def lr_warning(cfg: Config) -> str | None:
     """The one line a real model's run prints when its learning rate is the demo's kind (the run goes on). A
-    random-initialised model (`python -m laminar.engine.random_model`, which leaves `random_model.json`) has
+    random-initialised model (`python -m laminar.bench.random_model`, which leaves `random_model.json`) has
     nothing pretrained to wreck: the throughput benchmarks run those."""
     lora = cfg.trainer.lora_rank > 0
     limit = HIGH_LORA_LR if lora else HIGH_LR

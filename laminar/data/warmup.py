@@ -170,7 +170,7 @@ def warmup(
     else:
         from transformers import AutoModelForCausalLM
 
-        from laminar.trainer.model_dir import check_model_dir
+        from laminar.engine.model_dir import check_model_dir
 
         warm_start_of(task)
         codec = TaskCodec.from_dir(check_model_dir(model_path))

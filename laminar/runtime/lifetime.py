@@ -18,16 +18,10 @@ from laminar.manager.manager import RolloutManager
 from laminar.relay.relay import RelaySettings
 from laminar.rewards.stop import FailingRewards
 from laminar.runtime.checkpoint import replica_weights, restore_checkpoint, write_checkpoint
-from laminar.runtime.control import (
-    RESTARTS,
-    BufferActor,
-    MadeHere,
-    PartialPoolActor,
-    PromptPoolActor,
-    rows_digest,
-)
+from laminar.runtime.control import RESTARTS, MadeHere, PartialPoolActor, PromptPoolActor, rows_digest
 from laminar.runtime.evaluation import Evaluator
 from laminar.runtime.factory import BUFFER, Factory, run_namespace, sweep, use_cuda
+from laminar.runtime.journaled_buffer import BufferActor
 from laminar.runtime.trainer_group import TrainerGroup, trainer_args
 from laminar.schedules.schedule import Schedule
 from laminar.telemetry.recorder import Recorder

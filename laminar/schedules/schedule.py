@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from laminar.schedules.dispatch import Dispatch
 
@@ -28,9 +28,23 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from laminar.config import Config
-    from laminar.runtime.launch import Runtime
 
 NAMES = ("sync", "one_step", "stream", "partial", "laminar")
+
+
+class Run(Protocol):
+    """What a schedule's loop drives: the driver's run (`laminar.runtime.launch.Runtime`)."""
+
+    cfg: Config
+    version: int  # the newest version trained
+
+    def take(self, count: int, group_ids: range | None = None) -> list[Any]:
+        """`count` complete groups from the buffer: these ids, in order, or what its sampler picks."""
+        ...
+
+    def train(self, groups: list[Any], push: bool = False) -> dict[str, Any]:
+        """One step on `groups`, then the publish (a global push when `push`); the step's metrics."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -73,7 +87,7 @@ class Schedule:
             repack=laminar and cfg.repack.enabled,
         )
 
-    def run(self, rt: Runtime, steps: int, on_step: Callable[[dict[str, Any]], None]) -> None:
+    def run(self, rt: Run, steps: int, on_step: Callable[[dict[str, Any]], None]) -> None:
         """The trainer's loop: take a batch of complete groups, train on it, publish."""
         g = rt.cfg.trainer.groups_per_step
         for _ in range(steps):

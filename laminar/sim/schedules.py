@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.manager.recovery import choose_target
 from laminar.manager.repack import ReplicaLoad, plan_repack
 from laminar.schedules.schedule import Schedule

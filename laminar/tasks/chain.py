@@ -9,7 +9,7 @@ hard each step is (`LEVELS`, `task.chain_levels`); rows are drawn level by level
 split never shares a problem with training (one problem in `HELD_OUT_BUCKETS` is held out by a hash of its
 text), and the warm start's demonstrations are training problems.
 
-Scored by the math reward on the last `\\boxed{}` only (`laminar.rewards.math`): the last number of a response
+Scored by `laminar.rewards.chain`, the math reward on the last `\\boxed{}` only: the last number of a response
 cut off mid-chain is an intermediate result, not an answer. No format term: the reward is one number a sample."""
 
 from __future__ import annotations
@@ -205,13 +205,6 @@ def check(cfg: Any) -> None:
         )
 
 
-def score(response: str, row: dict[str, Any]) -> float:
-    """1.0 when the last `\\boxed{}` holds the final number, else 0.0."""
-    from laminar.rewards.math import last_boxed, score_with
-
-    return score_with(response, row, (last_boxed,))
-
-
 def examples(codec: Any, cfg: Any) -> Callable[[random.Random], Example]:
     """A training problem of the default levels and step counts through the model's chat template, then its
     solution, one line a step, and the end token."""
@@ -237,7 +230,7 @@ TASK = Task(
     about="multi-step arithmetic, long-tailed steps",
     rows=rows,
     held_out_rows=held_out_rows,
-    reward="laminar.tasks.chain:score",
+    reward="laminar.rewards.chain:chain_reward",
     warm_start=WarmStart(examples, steps=WARM_START_STEPS),
     check=check,
 )

@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import save_file
 
 from laminar.data.codec import copy_tokenizer_files
+from laminar.engine.model_dir import check_model_dir
 from laminar.trainer import lora
 from laminar.trainer.critic import DIR as CRITIC_DIR
-from laminar.trainer.model_dir import check_model_dir
 from laminar.trainer.state_files import (
     MOMENTS,
     OPTIMIZER_DIR,

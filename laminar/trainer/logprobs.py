@@ -6,7 +6,7 @@ its gradient double them; here the peak is one chunk (about 1 GB, `CHUNK_ELEMENT
 each chunk's logits from the saved hidden states instead of keeping them, the usual trade of a second matmul
 for memory (as fused linear-cross-entropy kernels do). On CUDA in bf16 the softmax runs in two Triton passes
 over the bf16 logits (`laminar.trainer.logprob_kernels`), never an fp32 copy; elsewhere in eager PyTorch, which
-is also the reference the fused path is checked against (`python -m laminar.engine.cuda_check`).
+is also the reference the fused path is checked against (`python -m laminar.cuda_check`).
 
 With top-k or top-p set (`PolicyLogprobs`), each chunk's softmax is taken over the engine's truncated set, on the
 eager path in smaller chunks (sorting a chunk takes several copies of it); without them nothing of this runs.

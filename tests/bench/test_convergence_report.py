@@ -8,7 +8,8 @@ import statistics
 
 import pytest
 
-from laminar.bench.convergence import accuracy_at, curve, main, parse_variant, time_to
+from laminar.bench.convergence import main, parse_variant
+from laminar.bench.convergence_report import accuracy_at, curve, time_to
 
 FIRST_DISPATCH = 5.0  # run-relative time of the first dispatched prompt: wall times count from it
 

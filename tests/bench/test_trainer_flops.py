@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from laminar.bench.trainer import step_flops
+from laminar.bench.trainer_workload import step_flops
 
 SMALL = SimpleNamespace(
     hidden_size=8,

@@ -8,9 +8,10 @@ import re
 import pytest
 
 from laminar.config import Config, ConfigError
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.data.codec import TaskCodec
 from laminar.data.dataset import held_out_rows, train_rows
+from laminar.rewards.chain import chain_reward
 from laminar.tasks import chain
 from tests.realmodel import build_bpe_tokenizer
 from tests.runs import QUICK
@@ -73,15 +74,15 @@ def test_a_demonstration_is_right_step_by_step_and_scores_1_while_a_wrong_answer
             value = chain.apply(value, op, n)
             assert int(result) == value
         assert lines[-1] == f"\\boxed{{{value}}}" and str(value) == row["ground_truth"]
-        assert chain.score(text, row) == 1.0
-        assert chain.score(text.replace(f"\\boxed{{{value}}}", f"\\boxed{{{value + 1}}}"), row) == 0.0
+        assert chain_reward(text, row) == 1.0
+        assert chain_reward(text.replace(f"\\boxed{{{value}}}", f"\\boxed{{{value + 1}}}"), row) == 0.0
 
 
 def test_the_reward_reads_the_box_only():
     row = {"ground_truth": "14", "data_source": "chain"}
-    assert chain.score("1. 11 - 1 = 10\n2. 10 + 4 = 14\n\\boxed{14}", row) == 1.0
-    assert chain.score("1. 11 - 1 = 10\n2. 10 + 4 = 14", row) == 0.0  # no box: cut off, or never answered
-    assert chain.score("\\boxed{10 + 4}", row) == 0.0  # an expression is not the number
+    assert chain_reward("1. 11 - 1 = 10\n2. 10 + 4 = 14\n\\boxed{14}", row) == 1.0
+    assert chain_reward("1. 11 - 1 = 10\n2. 10 + 4 = 14", row) == 0.0  # no box: cut off, or never answered
+    assert chain_reward("\\boxed{10 + 4}", row) == 0.0  # an expression is not the number
 
 
 def test_the_warm_start_demonstrates_training_problems_through_the_chat_template():

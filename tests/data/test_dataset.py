@@ -9,7 +9,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from laminar.cli import main
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.data.dataset import (
     DatasetError,
     check_ground_truths,
@@ -232,7 +232,7 @@ def test_own_rows_without_a_ground_truth_stop_laminar_train_in_one_line_before_a
     """Own data and no task.reward: the math reward scores it, so every row, held-out ones too, needs a truth."""
     import time
 
-    monkeypatch.setattr("laminar.train.resolve_model", lambda cfg: pytest.fail("a model was loaded"))
+    monkeypatch.setattr("laminar.preflight.resolve_model", lambda cfg: pytest.fail("a model was loaded"))
     good = write_jsonl(tmp_path / "train.jsonl", VERL_ROWS)
     val = write_jsonl(tmp_path / "val.jsonl", [VERL_ROWS[0], VERL_ROWS[1], {"prompt": "What is 2 + 3?"}])
     t0 = time.monotonic()

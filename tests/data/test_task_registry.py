@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from laminar.config import Config, ConfigError, TaskConfig
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.data.dataset import held_out_rows, train_rows, validate_rows
 from laminar.rewards.loader import check_reward, load_reward
 from laminar.tasks import DEMO, TASKS, task_named

@@ -68,7 +68,7 @@ def test_the_tool_workload_scripts_long_tailed_calls_within_each_response():
 
 
 def test_the_lengths_prompt_length_comes_from_the_config():
-    from laminar.config.load import load_config
+    from laminar.configure import load_config
     from laminar.data.dataset import train_rows
 
     cfg = load_config(None, ["task.name=lengths", "task.num_prompts=3", "task.length_prompt_words=40"])

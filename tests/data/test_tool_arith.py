@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from laminar.config import ConfigError
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.data.codec import TaskCodec
 from laminar.data.records import Trajectory
 from laminar.data.tasks import save_tokenizer

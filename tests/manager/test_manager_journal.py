@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.manager.manager import RolloutManager
 from laminar.runtime.control import JournaledPromptPool
 from laminar.schedules.schedule import Schedule

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.data.dataset import normalise_row
 from laminar.data.records import Trajectory
 from laminar.data.tasks import TaskCodec

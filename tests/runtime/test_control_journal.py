@@ -7,13 +7,8 @@ from __future__ import annotations
 import pytest
 
 from laminar.data.records import PromptGroup, Trajectory
-from laminar.runtime.control import (
-    JournaledBuffer,
-    JournaledPartialPool,
-    JournaledPromptPool,
-    MadeHere,
-    rows_digest,
-)
+from laminar.runtime.control import JournaledPartialPool, JournaledPromptPool, MadeHere, rows_digest
+from laminar.runtime.journaled_buffer import JournaledBuffer
 
 ROWS = [{"prompt": f"{i} {i + 1}", "answer": str(i)} for i in range(5)]
 

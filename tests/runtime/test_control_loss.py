@@ -12,7 +12,7 @@ import time
 import pytest
 import ray
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.data.records import group_of
 from laminar.runtime.control import process_id
 from laminar.telemetry.audit import audit_run

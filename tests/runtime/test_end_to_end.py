@@ -10,7 +10,7 @@ from collections import defaultdict
 import pytest
 import ray
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.runtime.lifetime import CONTROL
 from laminar.telemetry.provenance import code_digest
 from laminar.train import train

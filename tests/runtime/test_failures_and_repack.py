@@ -15,7 +15,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.engine import Engine, SamplingParams
 from laminar.engine.weights import unflatten
 from laminar.models.export import main as export_main

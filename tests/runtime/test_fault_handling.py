@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from laminar.cli import main
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.relay.slots import SHM_DIR
 from laminar.train import train
 

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.telemetry.audit import audit_run
 from laminar.train import train
 from tests.runtime.test_failures_and_repack import records_of, start_until_checkpoint

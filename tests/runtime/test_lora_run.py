@@ -71,7 +71,7 @@ def test_the_checkpoint_resumes_and_exports_as_a_plain_model(lora_run, tiny_mode
 
 def test_a_resumed_run_serves_the_checkpoints_weights_and_passes_the_audit(lora_run):
     """With adapters, the resumed run's replicas load the base and add the checkpoint's adapters to it."""
-    from laminar.config.load import load_config
+    from laminar.configure import load_config
     from laminar.telemetry.audit import audit_run
     from laminar.train import train
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import ray
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.telemetry.audit import audit_run
 from laminar.train import train
 from tests.runtime.test_failures_and_repack import BASE, records_of

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import struct
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.engine.config import ModelConfig
 from laminar.runtime.memory import GIB, PROCESS_BYTES, RELAY_PROCESS_BYTES, estimate, parameter_count, too_big
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.data.codec import TaskCodec
 from laminar.train import train
 from tests.realmodel import write_real_model_dir

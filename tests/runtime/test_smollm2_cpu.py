@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.train import train
 
 MODEL = os.environ.get("LAMINAR_SMOLLM2", "")

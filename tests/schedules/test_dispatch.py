@@ -38,7 +38,7 @@ def test_stream_bound_keeps_every_group_within_k_versions():
 def test_max_lag_gives_new_work_only_to_replicas_close_to_the_trainer():
     """`schedule.max_lag` 0: a group starts on the trainer's newest version; the bound in trainer steps
     (3 batches of 8 outstanding) still holds; without `max_lag` any version may work."""
-    from laminar.config.load import load_config
+    from laminar.configure import load_config
     from laminar.schedules.schedule import Schedule
 
     rule = Dispatch(groups_per_batch=4, max_outstanding_groups=24, groups_per_step=8, max_lag=0)
@@ -56,7 +56,7 @@ def test_max_lag_gives_new_work_only_to_replicas_close_to_the_trainer():
 def test_max_staleness_holds_new_work_back_while_an_old_group_still_runs():
     """`schedule.max_staleness` k: with the oldest group still generating at version o and the trainer at v,
     at most (o + k + 1 - v) steps' groups may be out, so the trainer cannot pass o + k without that group."""
-    from laminar.config.load import load_config
+    from laminar.configure import load_config
     from laminar.schedules.schedule import Schedule
 
     rule = Dispatch(4, 24, groups_per_step=8, max_lag=0, max_staleness=2)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.schedules import NAMES, Schedule
 from laminar.schedules.dispatch import Dispatch
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.train import train
 from tests.runs import QUICK
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from laminar.bench.schedules import VARIANTS as BENCH_VARIANTS
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.schedules import Schedule
 from laminar.sim.cluster import Cluster
 from laminar.sim.measured import SMALL_GPU

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.telemetry.quiet import QUIET_ENV, actor_env
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from laminar.config import ConfigError, RolloutConfig, TrainerConfig
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.trainer.grpo import GRPOConfig, advantages, grpo_loss
 from laminar.trainer.trainer import Trainer
 from tests.trainer.test_trainer import make_groups, tiny_model

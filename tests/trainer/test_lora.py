@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from laminar.config import ConfigError, RolloutConfig, TrainerConfig
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.engine import Engine
 from laminar.engine.adapters import read_peft_adapter
 from laminar.engine.layout import WeightLayout

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from laminar.config import ConfigError
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.trainer.finite import NonFiniteError
 from tests.trainer.test_trainer import make_groups, make_trainer
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from laminar.config import ConfigError, RolloutConfig, TrainerConfig
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.data.records import Trajectory
 from laminar.trainer.grpo import gae, value_loss, whiten_tokens
 from laminar.trainer.state_files import CheckpointError

@@ -6,7 +6,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from laminar.config import TrainerConfig
 from laminar.data.records import Trajectory
-from laminar.trainer.model_dir import ModelPathError, check_model_dir
+from laminar.engine.model_dir import ModelPathError, check_model_dir
 from laminar.trainer.trainer import Trainer
 
 VOCAB = 14

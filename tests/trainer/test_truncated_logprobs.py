@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from laminar.config import ConfigError, RolloutConfig
-from laminar.config.load import load_config
+from laminar.configure import load_config
 from laminar.trainer.logprobs import PolicyLogprobs, _ChunkedLogprob, chunked_logprobs, truncate
 from laminar.trainer.trainer import Trainer
 from tests.engine.test_truncated_sampling import SETTINGS, reference_kept, reference_logprob

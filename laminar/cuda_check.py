@@ -1,4 +1,5 @@
-"""CUDA kernels and the CUDA engine against the CPU reference paths: `python -m laminar.engine.cuda_check`.
+"""CUDA kernels of the engine and the trainer, and the CUDA engine, against their CPU or eager reference paths:
+`python -m laminar.cuda_check`. Above both packages, as it checks both.
 
 A plain module (not only pytest) so it runs on a bare GPU machine; tests/engine/test_cuda.py calls the same checks.
 """

@@ -1,5 +1,6 @@
 """A configuration from YAML with dotted overrides (`trainer.lr=1e-5 rollout.replicas=4`), validated when loaded:
-each section's own checks (`schema.py`), then the names the registries own."""
+each section's own checks (`laminar.config`), then the names the registries own. Outside the `config` package
+because it imports those registries (tasks, samplers, schedules, tools), which import the schema."""
 
 from __future__ import annotations
 
