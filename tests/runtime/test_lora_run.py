@@ -69,6 +69,10 @@ def test_the_checkpoint_resumes_and_exports_as_a_plain_model(lora_run, tiny_mode
     )
 
 
+# The adapters' own resume path. A merged checkpoint's model files are a whole model, which a resumed run's
+# replicas load as after full fine-tuning (tests/runtime/test_interrupt.py); the trainer's side of a LoRA resume
+# is tests/trainer/test_lora.py.
+@pytest.mark.parametrize("lora_run", ["adapters"], indirect=True)
 def test_a_resumed_run_serves_the_checkpoints_weights_and_passes_the_audit(lora_run):
     """With adapters, the resumed run's replicas load the base and add the checkpoint's adapters to it."""
     from laminar.configure import load_config
