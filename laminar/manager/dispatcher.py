@@ -24,6 +24,7 @@ class Dispatcher:
     def __init__(self, fleet: Fleet, prompt_pool: Any, dispatch: Dispatch, poll_s: float = 0.5) -> None:
         self.fleet, self.prompt_pool, self.dispatch, self.poll_s = fleet, prompt_pool, dispatch, poll_s
         self.trainer_version = 0
+        self.first_version = 0  # the version this segment's counts start from (a resumed run's checkpoint)
         self.dispatched_groups = 0
         self.consumed_groups = 0
         self.refused: set[int] = set()  # replicas refused work while there was room: they must pull first
@@ -71,6 +72,9 @@ class Dispatcher:
         if op == "trainer":  # totals, so a call made twice counts once
             self.trainer_version = max(self.trainer_version, r["version"])
             self.consumed_groups = max(self.consumed_groups, r["consumed"])
+        elif op == "resume":  # the checkpoint's version, and its complete groups the buffer holds: dispatched
+            self.first_version = self.trainer_version = r["version"]
+            self.dispatched_groups += r["held"]
         elif op == "eval":
             groups = [PromptGroup(**g) for g in r["groups"]]
             self.evals.append((r["min_version"], groups, r["share"]))
@@ -86,6 +90,7 @@ class Dispatcher:
     def state(self) -> dict[str, Any]:
         return {
             "trainer_version": self.trainer_version,
+            "first_version": self.first_version,
             "dispatched": self.dispatched_groups,
             "consumed": self.consumed_groups,
             "replicas": self.replicas,
@@ -97,6 +102,7 @@ class Dispatcher:
 
     def load(self, s: dict[str, Any]) -> None:
         self.trainer_version, self.dispatched_groups = s["trainer_version"], s["dispatched"]
+        self.first_version = s["first_version"]
         self.consumed_groups, self.replicas, self.stopped = s["consumed"], s["replicas"], s["stopped"]
         self.eval_low = s["eval_low"]
         self.evals = [(v, [PromptGroup(**g) for g in gs], n) for v, gs, n in s["evals"]]
@@ -129,6 +135,7 @@ class Dispatcher:
                 self.dispatched_groups,
                 self.consumed_groups,
                 self.fleet.oldest_owed(),
+                self.first_version,
             )
             if quota <= 0 and self.dispatch.room(self.dispatched_groups, self.consumed_groups) > 0:
                 # behind the trainer (`Dispatch.max_lag`), or held by the staleness bound: the room is its own
@@ -228,6 +235,13 @@ class Dispatcher:
     def record_pull(self, replica: int, version: int, seconds: float, t: float) -> None:
         key = f"pull/{replica}/{version}"
         self.fleet.event("pull", key=key, t=t, replica=replica, version=version, seconds=seconds)
+
+    def resume(self, version: int, held_groups: int) -> None:
+        """A resumed run: the trainer at the checkpoint's `version`, whose buffer holds `held_groups` complete
+        groups; they count as dispatched in this segment, so a schedule's batch bound (and the outstanding bound)
+        counts them instead of generating their batch again."""
+        self.change("resume", version=version, held=held_groups)
+        self.wake()
 
     def trainer_update(self, version: int, consumed_groups: int) -> None:
         """The trainer's version and how many groups it has consumed in all (totals: a call made twice, or two

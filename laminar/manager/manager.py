@@ -172,6 +172,9 @@ class RolloutManager:
     def trainer_update(self, version: int, consumed_groups: int) -> None:
         self.dispatcher.trainer_update(version, consumed_groups)
 
+    def resume(self, version: int, held_groups: int) -> None:
+        self.dispatcher.resume(version, held_groups)
+
     def submit_eval(self, groups: list[PromptGroup], min_version: int) -> None:
         self.dispatcher.submit_eval(groups, min_version)
 

@@ -221,4 +221,5 @@ def restore_checkpoint(rt: Any, path: Path) -> None:
     rt.restarted_on_resume = len(state["partial_pool"]["entries"])
     ray.get(rt.prompt_pool.reissue_outstanding.remote(), timeout=t)
     rt.trained_ids = set(state["trained_ids"])
-    ray.get(rt.manager.trainer_update.remote(rt.version, 0), timeout=t)
+    held = ray.get(rt.buffer.stats.remote(), timeout=t)["ready_groups"]
+    ray.get(rt.manager.resume.remote(rt.version, held), timeout=t)

@@ -47,9 +47,11 @@ class Dispatch:
         dispatched: int,
         consumed: int,
         oldest: int | None = None,
+        first_version: int = 0,
     ) -> int:
         """Groups the replica asking may take now. `oldest`: the oldest version any group dispatched and not yet
-        complete holds (None: none is out)."""
+        complete holds (None: none is out). `first_version`: the version `dispatched` and `consumed` count from
+        (a resumed run's checkpoint; batch v + ahead ends `v - first_version + 1 + ahead` batches in)."""
         if self.ahead is None:
             if self.max_lag is not None and trainer_version - replica_version > self.max_lag:
                 return 0  # pull first
@@ -59,7 +61,7 @@ class Dispatch:
             )
         if replica_version != trainer_version:  # the new version must be loaded first
             return 0
-        bound = (trainer_version + 1 + self.ahead) * self.groups_per_step
+        bound = (trainer_version - first_version + 1 + self.ahead) * self.groups_per_step
         return max(0, min(self.groups_per_batch, bound - dispatched))
 
     def room(
