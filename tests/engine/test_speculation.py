@@ -13,13 +13,13 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 import laminar.engine.speculative as speculative_module
 from laminar.engine import SamplingParams
 from laminar.engine.config import Speculation
 from laminar.engine.drafter import Drafter, GroupText, next_draft_len
 from laminar.engine.sampler import accepted_prefix, keep_threshold
+from tests.tiny import tiny_llama
 
 from .helpers import drain, engine_for, hf_model
 
@@ -39,21 +39,17 @@ def successor_model(vocab: int = 32, scale: float = 7.0, seed: int = 0):
     """A tiny Llama whose next token is mostly a fixed function of the last (t -> 5t + 3 mod vocab, about 19
     times in 20 at temperature 1), so a group's samples keep repeating each other's text. Its attention and MLP
     add a little of the context to every logit, so the cache it reads matters."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
+    model = tiny_llama(
+        vocab,
+        seed,
+        eager=True,
         hidden_size=vocab,
-        intermediate_size=64,
-        num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=256,
         eos_token_id=1,
         initializer_range=0.05,
         tie_word_embeddings=False,
-    )
-    cfg._attn_implementation = "eager"
-    model = AutoModelForCausalLM.from_config(cfg).eval()
+    ).eval()
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(torch.eye(vocab) + 0.05 * torch.randn(vocab, vocab))
         nxt = (torch.arange(vocab) * 5 + 3) % vocab
@@ -275,21 +271,14 @@ SMALL_PROMPT = [3, 5, 2, 7, 3, 5]
 @pytest.fixture(scope="module")
 def small():
     """A random tiny Llama of 8 tokens: 4 tokens of it have 4,096 outcomes, spread enough to test whole."""
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=SMALL_VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
+    return tiny_llama(
+        SMALL_VOCAB,
+        eager=True,
         num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
         eos_token_id=1,
         initializer_range=0.5,
         tie_word_embeddings=False,
-    )
-    cfg._attn_implementation = "eager"
-    return AutoModelForCausalLM.from_config(cfg).eval()
+    ).eval()
 
 
 def exact_probs(model, temperature: float, top_p: float) -> dict[tuple[int, ...], float]:

@@ -3,29 +3,18 @@
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from laminar.config import RolloutConfig, TrainerConfig
 from laminar.data.records import Trajectory
 from laminar.engine import Engine, SamplingParams
 from laminar.trainer.trainer import Trainer
 from tests.engine.test_truncated_sampling import reference_logprob
+from tests.tiny import tiny_llama
 
 
 def tiny_model(vocab_size: int = 14, initializer_range: float = 0.02) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        initializer_range=initializer_range,
-    )
-    return LlamaForCausalLM(cfg)
+    return tiny_llama(vocab_size, pad_token_id=0, initializer_range=initializer_range)
 
 
 def sampled(engine: Engine, temperature: float, top_k: int = 0, top_p: float = 1.0) -> list[Trajectory]:

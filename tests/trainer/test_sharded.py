@@ -12,13 +12,14 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from laminar.config import TrainerConfig
 from laminar.data.records import Trajectory
 from laminar.engine.layout import WeightLayout
 from laminar.engine.weights import flatten_into
 from laminar.trainer.trainer import Trainer
+from tests.tiny import tiny_llama
 from tests.trainer.sharded_ranks import rank_main
 
 # with a KL term: the reference is sharded too, and after a resume (policy != reference) it moves the step
@@ -27,19 +28,9 @@ VOCAB = 30
 
 
 def model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        pad_token_id=0,
+    return tiny_llama(
+        VOCAB, intermediate_size=48, num_attention_heads=4, tie_word_embeddings=True, pad_token_id=0
     )
-    return LlamaForCausalLM(cfg)
 
 
 def batch() -> list[list[Trajectory]]:

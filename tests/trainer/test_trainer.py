@@ -2,30 +2,19 @@ import random
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from laminar.config import TrainerConfig
 from laminar.data.records import Trajectory
 from laminar.engine.model_dir import ModelPathError, check_model_dir
 from laminar.trainer.trainer import Trainer
+from tests.tiny import tiny_llama
 
 VOCAB = 14
 
 
 def tiny_model(tie: bool = False, seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(cfg)
+    return tiny_llama(VOCAB, seed, num_hidden_layers=1, tie_word_embeddings=tie, pad_token_id=0)
 
 
 def make_groups(trainer: Trainer, num_groups: int = 3, n: int = 4, seed: int = 0, version: int = 0):
