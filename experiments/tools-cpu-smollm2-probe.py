@@ -20,7 +20,7 @@ if sys.argv[1:2] in (["-h"], ["--help"]):
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from laminar.data.tool_arith import ToolArithTask, call_text
+from laminar.tasks.tool_arith import ToolArithTask, call_text
 
 SAMPLES, PROMPTS, NEW_TOKENS = 4, 12, 48
 SYSTEMS = {

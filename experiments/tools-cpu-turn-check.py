@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from laminar.data.codec import TaskCodec
-from laminar.data.tool_arith import CALL_CLOSE, ToolArithTask
+from laminar.tasks.tool_arith import CALL_CLOSE, ToolArithTask
 from laminar.tools.builtin import calculator
 
 

@@ -8,7 +8,7 @@ import sys
 COMMANDS = {
     ("train",): "laminar.train:main",
     ("config",): "laminar.show_config:main",
-    ("warmup",): "laminar.data.warmup:main",
+    ("warmup",): "laminar.tasks.warmup:main",
     ("bench", "engine"): "laminar.bench.engine:main",
     ("bench", "tp"): "laminar.bench.tensor_parallel:main",
     ("bench", "relay"): "laminar.bench.relay:main",

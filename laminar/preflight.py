@@ -18,8 +18,8 @@ def resolve_model(cfg: Config) -> str:
 
         check_model_dir(cfg.model.path)  # says what is missing before any actor starts
         return cfg.model.path
-    from laminar.data.warmup import default_warmup_dir, is_current, tiny_warm_start, warmup
     from laminar.tasks import DEMO
+    from laminar.tasks.warmup import default_warmup_dir, is_current, tiny_warm_start, warmup
 
     task = tiny_warm_start(cfg.task.name)
     demo = default_warmup_dir(task)
@@ -84,7 +84,7 @@ def check_inputs(cfg: Config) -> None:
         check_prompts(files, cfg, resolve_model(cfg))
         rows = [row for _, numbered in files for _, row in numbered][:DRY_RUN_ROWS]
     else:  # a built-in task: a few of its rows
-        from laminar.data.dataset import train_rows
+        from laminar.tasks.rows import train_rows
 
         few = copy.deepcopy(cfg)
         few.task.num_prompts = DRY_RUN_ROWS

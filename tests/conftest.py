@@ -55,9 +55,10 @@ def task_model_dir(out: Path, hidden_size: int, layers: int, max_positions: int 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from laminar.data.tasks import TaskCodec, save_model_dir
+    from laminar.data.codec import save_model_dir
+    from laminar.tasks.reverse import demo_codec
 
-    codec = TaskCodec()
+    codec = demo_codec()
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=codec.vocab_size,

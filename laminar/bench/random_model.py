@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-from laminar.data.tasks import TaskCodec, save_model_dir
+from laminar.data.codec import save_model_dir
 from laminar.engine.random_model import SHAPES, shape_config
+from laminar.tasks.reverse import demo_codec
 
 
 def write_random_model(shape: str, out: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:
@@ -26,7 +27,7 @@ def write_random_model(shape: str, out: str | Path, seed: int = 0, dtype: str = 
         raise ValueError(f"shape {shape!r} is not one of {sorted(SHAPES)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    codec = TaskCodec()
+    codec = demo_codec()
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     cfg = shape_config(shape, bos_token_id=codec.bos_id, eos_token_id=codec.eos_id, pad_token_id=codec.pad_id)

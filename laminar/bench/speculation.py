@@ -30,7 +30,7 @@ def task_prompts(model_dir: str, task: str) -> tuple[list[list[int]], tuple[int,
     model's end tokens."""
     from laminar.configure import load_config
     from laminar.data.codec import TaskCodec
-    from laminar.data.dataset import held_out_rows
+    from laminar.tasks.rows import held_out_rows
 
     cfg = load_config(None, [f"task.name={task}", "eval.num_prompts=512"])
     rows = held_out_rows(cfg)

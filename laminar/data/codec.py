@@ -64,6 +64,38 @@ def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
     return copied
 
 
+def save_tokenizer(tokenizer: Any, out: str | Path) -> None:
+    """A Hugging Face tokenizer (`PreTrainedTokenizerFast`) as tokenizer.json plus the small config files
+    AutoTokenizer expects, with its own special tokens."""
+    out = Path(out)
+    tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
+    names = ("bos_token", "eos_token", "pad_token", "unk_token")
+    specials = {k: getattr(tokenizer, k) for k in names if getattr(tokenizer, k, None) is not None}
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", **specials}
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):  # text must decode exactly as written
+        cfg["clean_up_tokenization_spaces"] = False
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "special_tokens_map.json").write_text(json.dumps(specials))
+
+
+def save_model_dir(model: Any, codec: TaskCodec, out: str | Path) -> Path:
+    """A loadable Hugging Face directory: the model, a sampling generation config and the codec's tokenizer."""
+    from transformers import GenerationConfig
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    GenerationConfig(
+        bos_token_id=codec.bos_id,
+        eos_token_id=codec.eos_id,
+        pad_token_id=codec.pad_id,
+        do_sample=True,
+        temperature=1.0,
+    ).save_pretrained(out)
+    save_tokenizer(codec.tokenizer, out)
+    return out
+
+
 class TaskCodec:
     """Encodes a row's prompt to ids and decodes a response to text, for one model's tokenizer.
 
@@ -72,16 +104,12 @@ class TaskCodec:
 
     def __init__(
         self,
-        tokenizer: Any = None,
+        tokenizer: Any,
         end_ids: Iterable[int] = (),
         chat_template: str = "auto",
         system_prompt: str = "",
-        source: str = "the demo tokenizer",
+        source: str = "the tokenizer",
     ) -> None:
-        if tokenizer is None:
-            from laminar.data.tasks import demo_tokenizer
-
-            tokenizer = demo_tokenizer()
         if chat_template not in CHAT_TEMPLATE_MODES:
             raise ValueError(
                 f"data.chat_template={chat_template!r} is invalid: {' | '.join(CHAT_TEMPLATE_MODES)}"

@@ -3,7 +3,7 @@ so a bad row stops the run before any actor starts, naming the file, the row and
 
 Files are `.jsonl` (one object a line), `.parquet` (verl's format: `prompt` as chat messages, `data_source`,
 `reward_model: {ground_truth, style}`, `extra_info`) or a directory written by `datasets`' `save_to_disk`.
-Every row becomes
+A built-in task's rows are normalised here too (`laminar.tasks.rows`). Every row becomes
 
     {"prompt": str | [{"role", "content"}], "data_source": str, "ground_truth": str | None,
      "extra_info": dict, "answer": ... (only when the row has one)}
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from laminar.data.codec import ROLES
-from laminar.tasks import TASKS, task_named
 
 SCHEMA = '{"prompt": a string or a list of {role, content} messages, ...}'
 
@@ -222,27 +221,7 @@ def load_rows(
     return [row for p in paths for row in load_file(p, prompt_key, split)]
 
 
-# ---- the run's rows ----------------------------------------------------------------------------------------
-def train_rows(cfg: Any) -> list[dict[str, Any]]:
-    """`data.train_files` when set, else the rows `task.name` names (a built-in task or a .jsonl file)."""
-    d, t = cfg.data, cfg.task
-    if d.train_files:
-        return load_rows(d.train_files, d.prompt_key, "train")
-    if Path(t.name).suffix == ".jsonl":
-        return load_file(t.name, d.prompt_key)
-    made = task_named(t.name).rows(cfg)
-    return [normalise_row(r, i, f"task {t.name}") for i, r in enumerate(made)]
-
-
-def held_out_rows(cfg: Any) -> list[dict[str, Any]]:
-    """The built-in task's held-out split (rows training never draws), or [] when it has none."""
-    task = TASKS.get(cfg.task.name)
-    if task is None or task.held_out_rows is None:
-        return []
-    made = task.held_out_rows(cfg)
-    return [normalise_row(r, i, f"task {task.name} (held out)") for i, r in enumerate(made)]
-
-
+# ---- the run's files ----------------------------------------------------------------------------------------
 def val_rows(cfg: Any) -> list[dict[str, Any]]:
     """The held-out rows of `data.val_files` (a DatasetDict gives its test split), or [] when none are set."""
     d = cfg.data

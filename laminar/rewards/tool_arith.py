@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from laminar.data.tool_arith import OUTPUT_CLOSE
+from laminar.tasks.tool_arith import OUTPUT_CLOSE
 
 
 def final_answer(response: str) -> str:

@@ -13,7 +13,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from laminar.config import Config
-from laminar.data.dataset import held_out_rows, train_rows, val_rows
+from laminar.data.dataset import val_rows
 from laminar.manager.manager import RolloutManager
 from laminar.relay.relay import RelaySettings
 from laminar.rewards.stop import FailingRewards
@@ -24,6 +24,7 @@ from laminar.runtime.factory import BUFFER, Factory, run_namespace, sweep, use_c
 from laminar.runtime.journaled_buffer import BufferActor
 from laminar.runtime.trainer_group import TrainerGroup, trainer_args
 from laminar.schedules.schedule import Schedule
+from laminar.tasks.rows import held_out_rows, train_rows
 from laminar.telemetry.recorder import Recorder
 
 # Loading the policy may take this many `run.timeout_s` (a large model from a slow disk, sharded over ranks).

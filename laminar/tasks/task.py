@@ -42,7 +42,7 @@ class WarmStart:
 
     `examples(codec, cfg)` returns a function that draws one demonstration (the prompt as `codec` encodes it, then
     the response to learn; mask 1 on what the model writes) from a `random.Random`; `cfg` is the run's
-    `laminar.data.warmup.WarmupConfig`. With `--model DIR` the codec is that model's tokenizer and chat template
+    `laminar.tasks.warmup.WarmupConfig`. With `--model DIR` the codec is that model's tokenizer and chat template
     (`codec.encode_prompt` applies the template); otherwise it is `codec()`, the tiny Llama's tokenizer: a task
     without one (None) is warm-started only from a Hugging Face model."""
 

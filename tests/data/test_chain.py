@@ -10,9 +10,9 @@ import pytest
 from laminar.config import Config, ConfigError
 from laminar.configure import load_config
 from laminar.data.codec import TaskCodec
-from laminar.data.dataset import held_out_rows, train_rows
 from laminar.rewards.chain import chain_reward
 from laminar.tasks import chain
+from laminar.tasks.rows import held_out_rows, train_rows
 from tests.realmodel import build_bpe_tokenizer
 from tests.runs import QUICK
 

@@ -17,9 +17,9 @@ from laminar.data.dataset import (
     load_rows,
     normalise_row,
     read_dataset_files,
-    train_rows,
     val_rows,
 )
+from laminar.tasks.rows import train_rows
 from tests.realmodel import write_real_model_dir
 
 VERL_ROWS = [  # verl's data preprocessing writes rows of this shape (gsm8k.py)

@@ -6,7 +6,7 @@ import pytest
 
 from laminar.cli import main
 from laminar.data.dataset import DatasetError, load_jsonl
-from laminar.data.warmup import default_warmup_dir
+from laminar.tasks.warmup import default_warmup_dir
 
 
 def test_an_empty_dataset_is_an_error_naming_the_file(tmp_path):

@@ -61,9 +61,10 @@ def test_chatml_has_no_bos_and_the_system_prompt_comes_first(chatml_dir):
 
 
 def test_a_model_without_a_template_takes_raw_text_and_refuses_always_or_messages(tmp_path):
-    from laminar.data.tasks import build_tokenizer, save_tokenizer
+    from laminar.data.codec import save_tokenizer
+    from laminar.tasks.reverse import demo_tokenizer
 
-    save_tokenizer(build_tokenizer(), tmp_path)
+    save_tokenizer(demo_tokenizer(), tmp_path)
     assert TaskCodec.from_dir(tmp_path).encode_prompt("1 2 =") == [1, 5, 6, 3]  # BOS + tokens
     with pytest.raises(
         ValueError, match=f"data.chat_template=always but the model directory {tmp_path} has no"
@@ -170,8 +171,8 @@ def test_a_hugging_face_model_is_warm_started_through_its_chat_template(chatml_d
     and the directory written keeps the model's tokenizer and template."""
     import random
 
-    from laminar.data.tool_arith import call_text
-    from laminar.data.warmup import WarmupConfig, examples_of, warmup
+    from laminar.tasks.tool_arith import call_text
+    from laminar.tasks.warmup import WarmupConfig, examples_of, warmup
 
     codec = TaskCodec.from_dir(chatml_dir)
     ids, mask = examples_of("tool_arith", codec, WarmupConfig(tool_share=1.0))(random.Random(0))

@@ -11,9 +11,10 @@ import pytest
 
 from laminar.config import Config, ConfigError, TaskConfig
 from laminar.configure import load_config
-from laminar.data.dataset import held_out_rows, train_rows, validate_rows
+from laminar.data.dataset import validate_rows
 from laminar.rewards.loader import check_reward, load_reward
 from laminar.tasks import DEMO, TASKS, task_named
+from laminar.tasks.rows import held_out_rows, train_rows
 
 
 def default_config(name: str) -> Config:
@@ -47,7 +48,7 @@ def test_every_task_names_a_default_reward_that_loads_and_scores(name):
 @pytest.mark.parametrize("name", sorted(n for n, t in TASKS.items() if t.warm_start is not None))
 def test_every_warm_start_draws_demonstrations_with_a_trained_response(name):
     from laminar.data.codec import TaskCodec
-    from laminar.data.warmup import WarmupConfig, examples_of, task_codec
+    from laminar.tasks.warmup import WarmupConfig, examples_of, task_codec
     from tests.realmodel import build_bpe_tokenizer
 
     # a task warm-started only from a Hugging Face model: a tokenizer with a chat template stands for one

@@ -4,28 +4,29 @@ import random
 import numpy as np
 import pytest
 
+from laminar.data.codec import TaskCodec, save_tokenizer
 from laminar.data.dataset import DatasetError, load_jsonl
-from laminar.data.tasks import ReverseTask, TaskCodec, build_tokenizer, save_tokenizer
 from laminar.rewards.reverse import reverse_reward
+from laminar.tasks.reverse import ReverseTask, demo_codec, demo_tokenizer
 
 
 def test_response_lengths_are_long_tailed():
     task = ReverseTask()
     rng = random.Random(0)
-    lengths = np.array([len(TaskCodec().encode_answer(task.make_row(rng)["answer"])) for _ in range(20000)])
+    lengths = np.array([len(demo_codec().encode_answer(task.make_row(rng)["answer"])) for _ in range(20000)])
     assert np.percentile(lengths, 99) >= 5 * np.median(lengths)
     assert lengths.max() <= task.max_response_tokens()
 
 
 def test_codec_round_trip_and_reward_of_the_true_answer(tmp_path):
-    codec = TaskCodec()
+    codec = demo_codec()
     row = ReverseTask().rows(1, seed=3)[0]
     ids = codec.encode_prompt(row["prompt"])
     assert ids[0] == codec.bos_id and codec.tokenizer.convert_tokens_to_ids("=") == ids[-1]
     answer = codec.encode_answer(row["answer"])
     assert answer[-1] == codec.eos_id
     assert reverse_reward(codec.decode(answer + [5, 6]), row) == 1.0  # text after EOS is ignored
-    save_tokenizer(build_tokenizer(), tmp_path)
+    save_tokenizer(demo_tokenizer(), tmp_path)
     assert TaskCodec.from_dir(tmp_path).encode_prompt(row["prompt"]) == ids
 
 
@@ -69,7 +70,7 @@ def test_the_tool_workload_scripts_long_tailed_calls_within_each_response():
 
 def test_the_lengths_prompt_length_comes_from_the_config():
     from laminar.configure import load_config
-    from laminar.data.dataset import train_rows
+    from laminar.tasks.rows import train_rows
 
     cfg = load_config(None, ["task.name=lengths", "task.num_prompts=3", "task.length_prompt_words=40"])
     for row in train_rows(cfg):

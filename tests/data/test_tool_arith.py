@@ -8,10 +8,11 @@ import pytest
 
 from laminar.config import ConfigError
 from laminar.configure import load_config
-from laminar.data.codec import TaskCodec
+from laminar.data.codec import TaskCodec, save_tokenizer
 from laminar.data.records import Trajectory
-from laminar.data.tasks import save_tokenizer
-from laminar.data.tool_arith import (
+from laminar.rewards.tool_arith import final_answer, tool_arith_reward
+from laminar.tasks.reverse import demo_codec
+from laminar.tasks.tool_arith import (
     ARGS_OPEN,
     CALL_CLOSE,
     CALL_OPEN,
@@ -21,7 +22,6 @@ from laminar.data.tool_arith import (
     demonstration,
     tool_tokenizer,
 )
-from laminar.rewards.tool_arith import final_answer, tool_arith_reward
 from laminar.tools.builtin import calculator
 from laminar.tools.registry import load_tools, parse_tool_call, run_tool_call
 from laminar.tools.sandbox import SandboxLimits
@@ -68,7 +68,7 @@ def test_the_call_syntax_round_trips_and_the_parser_reads_the_call(codec):
 
 def test_a_tokenizer_without_the_call_syntax_is_refused_by_name():
     with pytest.raises(ValueError, match="does not round-trip the task's call syntax"):
-        check_tokenizer(TaskCodec())  # the demo's digits-only tokenizer
+        check_tokenizer(demo_codec())  # the demo's digits-only tokenizer
 
 
 def test_the_reward_reads_only_what_the_model_wrote_after_the_tool():
@@ -105,8 +105,8 @@ def test_the_config_needs_the_calculator_and_the_rows_are_the_task(tmp_path):
     with pytest.raises(ConfigError, match="holds calculator when task.name=tool_arith"):
         load_config(overrides=["task.name=tool_arith"])
     cfg = load_config(overrides=["task.name=tool_arith", "task.tools=[calculator]", "task.num_prompts=5"])
-    from laminar.data.dataset import train_rows
     from laminar.runtime.lifetime import eval_rows
+    from laminar.tasks.rows import train_rows
 
     rows = train_rows(cfg)
     assert len(rows) == 5 and rows[0]["ground_truth"] == rows[0]["answer"]
@@ -127,8 +127,8 @@ def test_tool_outputs_count_the_runs_of_context_in_a_trajectory():
 def test_a_short_warm_start_calls_the_calculator_through_the_replicas_tool_driver(tmp_path):
     """A tiny model taught only tool demonstrations for a few steps writes a call the parser reads; the driver
     parks it, runs the real calculator and appends its output (mask 0), and the model goes on after it."""
-    from laminar.data.warmup import WarmupConfig, warmup
     from laminar.engine import Engine, SamplingParams
+    from laminar.tasks.warmup import WarmupConfig, warmup
     from laminar.tools.turns import ToolTurns
 
     cfg = WarmupConfig(

@@ -3,9 +3,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from laminar.data.tasks import TaskCodec
-from laminar.data.warmup import main, progress_due, progress_line
+from laminar.data.codec import TaskCodec
 from laminar.engine.model_dir import check_model_dir
+from laminar.tasks.warmup import main, progress_due, progress_line
 
 
 def test_warmup_writes_a_loadable_hf_dir_and_prints_its_progress_with_the_total(tmp_path, capsys):

@@ -11,10 +11,10 @@ import pytest
 from laminar.configure import load_config
 from laminar.data.dataset import normalise_row
 from laminar.data.records import Trajectory
-from laminar.data.tasks import TaskCodec
 from laminar.rewards.loader import RewardScorer, VerlReward, check_reward, load_reward
 from laminar.rewards.math import default_score
 from laminar.rewards.stop import MATH_REWARD, choose_reward, dry_run, dry_run_rows
+from laminar.tasks.reverse import demo_codec
 
 FNS = "tests.rewards.reward_fns"
 
@@ -99,7 +99,7 @@ def test_verl_compute_score_is_recognised_by_its_parameter_names():
 def test_a_verl_reward_scores_in_the_worker_processes_by_path_and_as_a_function():
     from tests.rewards import reward_fns
 
-    codec = TaskCodec()
+    codec = demo_codec()
     row = {"data_source": "openai/gsm8k", "ground_truth": "2 1", "extra_info": {}, "row": 0}
     for fn in (f"{FNS}:verl_compute_score", reward_fns.verl_compute_score):
         scorer = RewardScorer(fn, codec.decode, timeout_s=30, processes=1)

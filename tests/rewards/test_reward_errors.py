@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from laminar.data.records import Trajectory
-from laminar.data.tasks import TaskCodec
 from laminar.rewards.loader import RewardScorer, ScoringPool, check_reward
+from laminar.tasks.reverse import demo_codec
 
-CODEC = TaskCodec()
+CODEC = demo_codec()
 FNS = "tests.rewards.reward_fns"  # rewards run in worker processes, which import them by dotted path
 
 

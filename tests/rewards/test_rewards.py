@@ -1,9 +1,9 @@
 import pytest
 
 from laminar.data.records import Trajectory
-from laminar.data.tasks import TaskCodec
 from laminar.rewards.loader import RewardLoadError, RewardScorer, load_reward
 from laminar.rewards.reverse import reverse_reward
+from laminar.tasks.reverse import demo_codec
 
 
 def test_reverse_reward_exact_and_partial():
@@ -29,7 +29,7 @@ def test_a_failing_reward_scores_zero_keeps_the_trajectory_and_says_where(tmp_pa
         "def boom(response, row):\n    raise RuntimeError('judge unavailable')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    codec = TaskCodec()
+    codec = demo_codec()
     scorer = RewardScorer("flaky_reward:boom", codec.decode)
     t = Trajectory("4:1", 4, 1, [1], codec.encode_answer("1 2"), [0.0, 0.0, 0.0], version=0, reward=0.7)
     assert scorer.score(t, {"answer": "2 1", "row": 17}) == 0.0

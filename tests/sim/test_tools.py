@@ -146,7 +146,7 @@ def test_the_bench_replay_draws_the_runtimes_own_rows_call_for_call(tiny_model_d
     """`lengths.kind: bench` with tools stands for `task.name=lengths` with tools: the same rows, the same
     tool scripts (calls capped at `task.max_turns`), so a simulated group is the measured run's group."""
     from laminar.configure import load_config
-    from laminar.data.dataset import train_rows
+    from laminar.tasks.rows import train_rows
 
     cfg = load_config(
         None,
@@ -177,7 +177,7 @@ def test_the_bench_replay_of_a_run_with_a_lengths_file_draws_from_that_file(tiny
     """A run whose response lengths come from `task.lengths_file` is replayed with the same lengths, not with
     the lognormal law the file replaces."""
     from laminar.configure import load_config
-    from laminar.data.dataset import train_rows
+    from laminar.tasks.rows import train_rows
 
     lengths_file = tmp_path / "lengths.txt"
     lengths_file.write_text("\n".join(str(n) for n in (3, 17, 250, 900)) + "\n")

@@ -8,9 +8,9 @@ import json
 
 from laminar.config import EvalConfig
 from laminar.data.records import Trajectory
-from laminar.data.tasks import TaskCodec
 from laminar.runtime import evaluation
 from laminar.runtime.evaluation import Evaluator, eval_summary
+from laminar.tasks.reverse import demo_codec
 from laminar.telemetry.console import Console, eval_line, summary_line
 from laminar.telemetry.recorder import Recorder, write_trajectories
 from laminar.telemetry.tracking import scalars
@@ -68,7 +68,7 @@ def test_rows_without_levels_report_the_accuracy_alone():
 
 
 def test_trajectories_keep_the_response_text_the_reward_read(tmp_path):
-    codec = TaskCodec()
+    codec = demo_codec()
     t = Trajectory("4:1", 4, 1, [1], codec.encode_answer("3 2 1"), [0.0] * 4, version=0, reward=1.0)
     write_trajectories(tmp_path, [[t]], 1, text=codec.response_text)
     write_trajectories(tmp_path, [[t]], 2)  # without a codec: token ids only, as before

@@ -9,8 +9,9 @@ import sys
 import types
 from pathlib import Path
 
+from laminar.data.codec import TaskCodec
 from laminar.data.records import Trajectory
-from laminar.data.tasks import TaskCodec
+from laminar.tasks.reverse import demo_codec
 from laminar.telemetry.recorder import Recorder
 from laminar.telemetry.samples import due, markdown, pick, sample_rows
 from laminar.telemetry.tracking import Trackers
@@ -69,7 +70,7 @@ def groups_of(codec: TaskCodec, prompts: list[str], size: int, version: int = 3)
 
 
 def test_samples_are_spread_over_the_steps_groups_and_due_every_n_steps():
-    codec = TaskCodec()
+    codec = demo_codec()
     groups = groups_of(codec, ["1 2 =", "3 4 =", "5 6 ="], size=4)
     assert [t.traj_id for t in pick(groups, 4)] == ["0:0", "1:0", "2:0", "0:1"]
     assert len(pick(groups, 100)) == 12 and pick([], 4) == []
@@ -78,7 +79,7 @@ def test_samples_are_spread_over_the_steps_groups_and_due_every_n_steps():
 
 
 def test_a_sample_row_holds_the_prompt_and_response_as_text_with_reward_version_and_replica():
-    codec = TaskCodec()
+    codec = demo_codec()
     groups = groups_of(codec, ["1 2 =", "3 4 ="], size=2)
     rows = sample_rows(groups, step=7, count=3, codec=codec)
     assert [r["traj_id"] for r in rows] == ["0:0", "1:0", "0:1"]
@@ -109,7 +110,7 @@ def test_the_recorder_appends_samples_and_the_trackers_show_them_as_text(tmp_pat
         log=lambda values, step: logged.append((step, values)), finish=lambda: 0
     )
     rec = Recorder(tmp_path, t0=0.0, trackers=trackers)
-    codec = TaskCodec()
+    codec = demo_codec()
     groups = groups_of(codec, ["1 2 =", "3 4 ="], size=2)
     rec.samples(2, sample_rows(groups, 2, 2, codec))
     rec.samples(4, sample_rows(groups, 4, 2, codec))

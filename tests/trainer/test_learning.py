@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from laminar.config import RolloutConfig, TrainerConfig
+from laminar.data.codec import TaskCodec
 from laminar.data.experience_buffer import ExperienceBuffer
 from laminar.data.prompt_pool import PromptPool
-from laminar.data.tasks import ReverseTask, TaskCodec
-from laminar.data.warmup import WarmupConfig, warmup
 from laminar.rewards.loader import DEFAULT_REWARD, RewardScorer
+from laminar.tasks.reverse import ReverseTask
+from laminar.tasks.warmup import WarmupConfig, warmup
 from laminar.trainer.hf_rollout import generate_groups
 from laminar.trainer.trainer import Trainer
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from laminar.data.tasks import TaskCodec, save_model_dir
+from laminar.data.codec import TaskCodec, save_model_dir
 from laminar.tasks import DEMO, TASKS, WarmStart
 from laminar.tasks.task import Example
 
