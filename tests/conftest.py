@@ -52,27 +52,23 @@ def ray_cluster():
 
 def task_model_dir(out: Path, hidden_size: int, layers: int, max_positions: int = 128) -> Path:
     """A random Llama over the reverse task's vocabulary, saved as a Hugging Face directory."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from laminar.data.codec import save_model_dir
     from laminar.tasks.reverse import demo_codec
+    from tests.tiny import tiny_llama
 
     codec = demo_codec()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=codec.vocab_size,
+    model = tiny_llama(
+        codec.vocab_size,
         hidden_size=hidden_size,
         intermediate_size=3 * hidden_size,
         num_hidden_layers=layers,
         num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=max_positions,
         bos_token_id=codec.bos_id,
         eos_token_id=codec.eos_id,
         pad_token_id=codec.pad_id,
     )
-    return save_model_dir(LlamaForCausalLM(config), codec, out)
+    return save_model_dir(model, codec, out)
 
 
 @pytest.fixture(scope="session")

@@ -188,12 +188,12 @@ def isolation(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from laminar.data.records import Trajectory
-    from laminar.data.tasks import TaskCodec
     from laminar.rewards.loader import RewardScorer, ScoringPool
     from laminar.rollout.replica import SCORE_WORKERS
+    from laminar.tasks.reverse import demo_codec
 
     torch.set_num_threads(1)  # as a replica does
-    codec = TaskCodec()
+    codec = demo_codec()
     decode = lambda ids: TOWER if ids == BAD_IDS else codec.decode(ids)  # noqa: E731
     reward = "laminar.rewards.math:default_score" if args.reward == "tower" else math_or_bignum
     scoring = ScoringPool(RewardScorer(reward, decode, timeout_s=args.timeout), SCORE_WORKERS)
