@@ -28,7 +28,7 @@ USAGE = """usage: laminar COMMAND [ARGS]
 
 commands:
   train [CONFIG] [key=value ...]   train with the configured schedule (defaults: the embedded CPU demo)
-  config [CONFIG] [key=value ...]  print the resolved configuration (YAML) and the reward it scores with
+  config [show] [CONFIG] [key=value ...]  print the resolved configuration (YAML) and the reward it scores with
   warmup [--out DIR]               build the demo's warm-start checkpoint (supervised warm-up)
   bench engine                     decode throughput by batch size vs Hugging Face generate
   bench tp                         a tensor-parallel engine's decode step by degree and batch vs its HBM roofline

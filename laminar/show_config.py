@@ -1,10 +1,11 @@
-"""`laminar config [CONFIG] [key=value ...]`: the resolved configuration as YAML and the reward it would score with.
-A command above both `laminar.config` (the root, which imports no reward) and `laminar.rewards.stop`."""
+"""`laminar config [show] [CONFIG] [key=value ...]`: the resolved configuration as YAML and the reward it would
+score with. A command above both `laminar.config` (the root, which imports no reward) and `laminar.rewards.stop`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -14,8 +15,11 @@ from laminar.rewards.stop import choose_reward
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`laminar config [CONFIG] [key=value ...]`: the resolved configuration as YAML (what `laminar train` with
-    the same arguments would run, and writes to RUN_DIR/config.yaml), and the reward it would score with."""
+    """`laminar config [show] [CONFIG] [key=value ...]`: the resolved configuration as YAML (what `laminar train`
+    with the same arguments would run, and writes to RUN_DIR/config.yaml), and the reward it would score with."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["show"] and not Path("show").is_file():  # `laminar config show ...` reads as it says
+        argv = argv[1:]
     ap = argparse.ArgumentParser(prog="laminar config", description=main.__doc__)
     ap.add_argument("config", nargs="?", help="YAML config file (optional; defaults are the CPU demo)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-5")

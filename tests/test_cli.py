@@ -163,6 +163,9 @@ def test_config_prints_the_resolved_yaml_and_the_reward_it_scores_with(tmp_path,
     )
     assert main(["config", "rollout.replicas=2"]) == 0  # overrides alone: the demo's defaults
     assert yaml.safe_load(capsys.readouterr().out)["rollout"]["replicas"] == 2
+    assert main(["config", "show", str(path), "rollout.replicas=2"]) == 0  # `show` reads as it says
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["trainer"]["steps"] == 7 and shown["rollout"]["replicas"] == 2
     assert main(["config", "rollout.replicas=0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "rollout.replicas=0 is invalid" in err[0]
