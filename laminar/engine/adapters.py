@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
+# an adapter version's names (the trainer writes them, `laminar.trainer.lora.adapter_weights`)
 A_SUFFIX, B_SUFFIX = ".lora_A.weight", ".lora_B.weight"
-PEFT_PREFIX = "base_model.model."  # the key prefix of peft's adapter files
+PEFT_PREFIX = "base_model.model."  # the key prefix of peft's adapter files (`PeftModel.save_pretrained`)
 
 
 def is_adapters(names) -> bool:

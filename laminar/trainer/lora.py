@@ -15,10 +15,11 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from laminar.engine.adapters import A_SUFFIX, B_SUFFIX, PEFT_PREFIX
+
 ADAPTER = "default"  # peft's name for the one adapter
 ADAPTER_DIR = "adapter"
 ADAPTER_FILE = "adapter_model.safetensors"
-PEFT_PREFIX = "base_model.model."  # the key prefix of `PeftModel.save_pretrained`'s adapter files
 
 
 def add_adapters(model: nn.Module, rank: int, alpha: float, targets: list[str], base_path: str = "") -> None:
@@ -103,8 +104,8 @@ def adapter_weights(
     for name, m in adapted_modules(model).items():
         a, b = m.lora_A[ADAPTER].weight.detach(), m.lora_B[ADAPTER].weight.detach()
         want = dtype or b.dtype
-        weights[f"{name}.lora_A.weight"] = a.to(want)
-        key = f"{name}.lora_B.weight"
+        weights[name + A_SUFFIX] = a.to(want)
+        key = name + B_SUFFIX
         buf = out.get(key)
         if buf is None or buf.dtype != want:
             buf = out[key] = torch.empty(b.shape, dtype=want, device=b.device)
