@@ -6,8 +6,12 @@ the memory estimate)."""
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 from laminar.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from laminar.engine.config import ModelConfig
 
 
 def resolve_model(cfg: Config) -> str:
@@ -45,7 +49,7 @@ def check_device(cfg: Config) -> None:
         )
 
 
-def check_tensor_parallel(shape, cfg: Config) -> None:
+def check_tensor_parallel(shape: ModelConfig, cfg: Config) -> None:
     """Whether `rollout.tensor_parallel` ranks can split this model's heads and MLP."""
     from laminar.engine.tensor_parallel import check_degree
 

@@ -156,6 +156,13 @@ class RolloutConfig:
             "machine, placed where it fits",
         )
         check_field(
+            self.speculation == "off",
+            "rollout.speculation",
+            self.speculation,
+            f"off with rollout.tensor_parallel={n}: the ranks must make the same choice every step, and auto's "
+            "gate chooses by each rank's own clock",
+        )
+        check_field(
             not cfg.trainer.publishes_adapters,
             "trainer.lora_publish",
             cfg.trainer.lora_publish,

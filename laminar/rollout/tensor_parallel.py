@@ -102,9 +102,12 @@ class Leader:
     0's. `reader` maps relay slots (`laminar.relay.pull.SlotReader`); `pids`: every rank's process, rank 0's first
     (what a test kills)."""
 
-    def __init__(self, engine: Any, channel: Channel, reader: Any, pids: list[int]) -> None:
+    def __init__(
+        self, engine: Any, channel: Channel, reader: Any, pids: list[int], handles: tuple = ()
+    ) -> None:
+        """`handles`: the other ranks' actors, held while rank 0 lives (an actor nobody holds is ended)."""
         self.engine, self.channel, self.reader, self.pids = engine, channel, reader, pids
-        self.world = channel.world
+        self.world, self.handles = channel.world, handles
 
     def __getattr__(self, name: str) -> Any:  # reads: stats, progress, output_mask, version, block_size ...
         return getattr(self.engine, name)

@@ -174,9 +174,8 @@ class GroupRecipe:
         tp, channel = join_group(0, self.world, address, cuda, self.timeout_s, self.idle_s)
         engine = self.engine(tp)
         pids = ray.get([rank.pid.remote() for rank in ranks], timeout=self.timeout_s)
-        leader = Leader(engine, channel, SlotReader(None, timeout=self.timeout_s), [os.getpid(), *pids])
-        leader.handles = ranks  # the ranks live while rank 0 holds them
-        return leader
+        reader = SlotReader(None, timeout=self.timeout_s)
+        return Leader(engine, channel, reader, [os.getpid(), *pids], tuple(ranks))
 
 
 class ScorerRecipe:

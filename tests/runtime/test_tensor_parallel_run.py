@@ -151,6 +151,7 @@ def test_samples_moved_or_recovered_are_what_one_process_samples(tp_run, tiny_mo
         (["rollout.tensor_parallel=0"], "rollout.tensor_parallel"),
         (["rollout.tensor_parallel=2", "rollout.num_gpus=0.5"], "rollout.num_gpus"),
         (["rollout.tensor_parallel=2", "rollout.placement=spread"], "rollout.placement"),
+        (["rollout.tensor_parallel=2", "rollout.speculation=auto"], "rollout.speculation"),
         (
             ["rollout.tensor_parallel=2", "trainer.lora_rank=8", "trainer.lora_publish=adapters"],
             "trainer.lora_publish",
