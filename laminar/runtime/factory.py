@@ -322,10 +322,11 @@ class Factory:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 pg, placement_group_bundle_index=0
             )
-            t = cfg.run.timeout_s
-            # a following rank waits this long for rank 0's next call: rank 0 asks the manager for work within
+            wait = cfg.run.timeout_s
+            # a following rank waits `idle` for rank 0's next call: rank 0 asks the manager for work within
             # run.timeout_s, and before its first call it waits for its start
-            engine = GroupRecipe(engine, pg, r.tensor_parallel, r.num_cpus, t, 3 * t + r.start_timeout_s)
+            idle = 3 * wait + r.start_timeout_s
+            engine = GroupRecipe(engine, pg, r.tensor_parallel, r.num_cpus, wait, idle)
         t = cfg.task
         return ReplicaActor.options(**options).remote(
             rid,
