@@ -23,7 +23,6 @@ from laminar.telemetry.audit import audit_run
 from laminar.train import train
 from tests.runs import QUICK
 
-pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 KILL_AT = 4  # the version after which rank 1 of a replica is killed
 
@@ -100,6 +99,8 @@ def tp_run(ray_cluster, tiny_model_dir, tmp_path_factory):
     return {"out": out, "summary": summary, "killed": killed, "trained": trained, "cfg": cfg}
 
 
+@pytest.mark.slow
+@pytest.mark.fault
 def test_a_killed_rank_loses_its_replica_and_nothing_else(tp_run):
     killed, summary = tp_run["killed"], tp_run["summary"]
     assert killed.get("ranks") == 2 and killed["inflight"], killed
@@ -116,6 +117,8 @@ def test_a_killed_rank_loses_its_replica_and_nothing_else(tp_run):
     assert len(groups) == 3 and all(g["state"] == "REMOVED" for g in groups), groups
 
 
+@pytest.mark.slow
+@pytest.mark.fault
 def test_samples_moved_or_recovered_are_what_one_process_samples(tp_run, tiny_model_dir):
     """Every trained trajectory replayed on one fresh single-process engine: the same tokens, log-probs to 1e-5.
     Among them, trajectories repacked between the two-rank replicas with their keys and values, and trajectories
