@@ -23,7 +23,6 @@ from laminar.telemetry.audit import audit_run
 from laminar.train import train
 from tests.runs import QUICK
 
-
 KILL_AT = 4  # the version after which rank 1 of a replica is killed
 
 
