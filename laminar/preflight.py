@@ -6,8 +6,12 @@ the memory estimate)."""
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 from laminar.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from laminar.engine.config import ModelConfig
 
 
 def resolve_model(cfg: Config) -> str:
@@ -45,6 +49,18 @@ def check_device(cfg: Config) -> None:
         )
 
 
+def check_tensor_parallel(shape: ModelConfig, cfg: Config) -> None:
+    """Whether `rollout.tensor_parallel` ranks can split this model's heads and MLP."""
+    from laminar.engine.tensor_parallel import check_degree
+
+    try:
+        check_degree(shape, cfg.rollout.tensor_parallel)
+    except ValueError as e:
+        raise ConfigError(
+            f"rollout.tensor_parallel={cfg.rollout.tensor_parallel!r} is invalid for {cfg.model.path}: {e}"
+        ) from None
+
+
 def check_inputs(cfg: Config) -> None:
     """What the actors would otherwise find late, checked on the driver before any starts: the device; the model
     directory (config, an architecture the engine implements, weights, a tokenizer that loads); every dataset
@@ -67,7 +83,7 @@ def check_inputs(cfg: Config) -> None:
         from laminar.engine.config import ModelConfig
 
         model = resolve_model(cfg)  # config.json and weights
-        ModelConfig.from_dir(model)  # an architecture the engine implements
+        check_tensor_parallel(ModelConfig.from_dir(model), cfg)  # an architecture the engine implements
         codec = TaskCodec.from_config(model, cfg)  # a tokenizer that loads
         from laminar.runtime.factory import use_cuda
         from laminar.runtime.memory import check_memory

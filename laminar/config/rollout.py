@@ -21,7 +21,10 @@ class RolloutConfig:
     max_new_tokens: int = 48  # the reverse task needs at most 41
     stop_token_ids: list[int] = field(default_factory=list)  # ends beside the model's own (config files, EOS)
     num_cpus: float = 0.5
-    num_gpus: float = 0.0
+    num_gpus: float = 0.0  # a replica's share of a GPU; with tensor_parallel > 1, each rank's (1 on CUDA)
+    # ranks a replica spans (laminar/engine/tensor_parallel.py): N Ray actors, one GPU each on CUDA, packed on one
+    # machine in one placement group, the network's heads and MLP columns split between them
+    tensor_parallel: int = 1
     progress_every: int = 8  # engine steps between progress reports to the partial response pool
     heartbeat_s: float = 1.0
     dead_after_s: float = 15.0  # a replica or relay that does not answer for this long is replaced
@@ -82,6 +85,7 @@ class RolloutConfig:
         check_field(
             self.placement in ("pack", "spread"), "rollout.placement", self.placement, "pack or spread"
         )
+        self.check_tensor_parallel(cfg)
         check_field(
             self.pipeline in ("auto", "on", "off"), "rollout.pipeline", self.pipeline, "auto, on or off"
         )
@@ -126,6 +130,44 @@ class RolloutConfig:
             "rollout.start_timeout_s",
             self.start_timeout_s,
             "a positive number of seconds",
+        )
+
+    def check_tensor_parallel(self, cfg: Any) -> None:
+        """What a replica of several ranks needs of the rest of the config (the model's heads are checked where
+        the model is read: `laminar.preflight`)."""
+        n = self.tensor_parallel
+        check_field(
+            isinstance(n, int) and n >= 1, "rollout.tensor_parallel", n, "a whole number of ranks, at least 1"
+        )
+        if n == 1:
+            return
+        check_field(
+            self.num_gpus in (0, 1),
+            "rollout.num_gpus",
+            self.num_gpus,
+            f"0 (CPU) or 1 with rollout.tensor_parallel={n}: each rank of a tensor-parallel replica holds one "
+            "whole GPU (two ranks on one GPU cannot all-reduce through NCCL)",
+        )
+        check_field(
+            self.placement == "pack",
+            "rollout.placement",
+            self.placement,
+            f"pack with rollout.tensor_parallel={n}: each replica's ranks are one placement group on one "
+            "machine, placed where it fits",
+        )
+        check_field(
+            self.speculation == "off",
+            "rollout.speculation",
+            self.speculation,
+            f"off with rollout.tensor_parallel={n}: the ranks must make the same choice every step, and auto's "
+            "gate chooses by each rank's own clock",
+        )
+        check_field(
+            not cfg.trainer.publishes_adapters,
+            "trainer.lora_publish",
+            cfg.trainer.lora_publish,
+            f"merged with rollout.tensor_parallel={n}: a tensor-parallel engine takes whole versions only "
+            "(each rank its slices)",
         )
 
 

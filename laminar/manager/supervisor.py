@@ -292,8 +292,7 @@ class Supervisor(Recovering, RelayRepair):
         (without `replace`: the run is ending, only the recovery)."""
         fleet = self.fleet
         handle = fleet.drop_replica(dead, replace)
-        if handle is not None:
-            ray.kill(handle)  # a hung one too
+        self.factory.end_replica(dead, handle)  # a hung one too, and every rank of a tensor-parallel one
         fleet.event("failure", what="rollout", replica=dead)
         if not replace:
             fleet.count("rollouts")
@@ -329,11 +328,11 @@ class Supervisor(Recovering, RelayRepair):
                 relay = fleet.relay_of_node.get(node) or await self._new_relay(node)
                 await asyncio.wait_for(new.start.remote(relay), self.watch.start_timeout_s)
             except (TimeoutError, ray.exceptions.RayError, MachineLost) as e:
-                ray.kill(new)
+                self.factory.end_replica(new_id, new)
                 last = e
                 continue
             except asyncio.CancelledError:  # the run stopped meanwhile: the half-started replacement goes too
-                ray.kill(new)
+                self.factory.end_replica(new_id, new)
                 raise
             fleet.event("replacement", replica=new_id, **{"for": dead})
             fleet.add_replica(new_id, new, node, replacing=dead)

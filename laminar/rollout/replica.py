@@ -243,10 +243,13 @@ class RolloutReplica(Moves, Storing):
                 cmd.done.set_exception(exc)
 
     def _pull(self) -> None:
-        from laminar.relay.pull import SlotReader, pull_latest
+        from laminar.relay.pull import SlotReader, pull_latest, pull_slot
 
+        load_slot = getattr(self.engine, "load_slot", None)  # a tensor-parallel replica's: every rank maps it
         try:
-            if getattr(self.engine, "device", None) is not None and self.engine.device.type == "cuda":
+            if load_slot is not None:
+                pulled = pull_slot(self.relay, load_slot, self.engine.version, timeout=self.timeout_s)
+            elif getattr(self.engine, "device", None) is not None and self.engine.device.type == "cuda":
                 # keep the slot mappings, registered with CUDA, across pulls (a pageable copy is ~10x slower)
                 if self._reader is None:
                     self._reader = SlotReader(self.relay, timeout=self.timeout_s)

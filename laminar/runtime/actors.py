@@ -221,6 +221,10 @@ class ReplicaActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def rank_pids(self) -> list[int]:
+        """Every rank's process, this one (rank 0) first: one alone without tensor parallelism."""
+        return list(getattr(self.replica.engine, "pids", [os.getpid()]))
+
     def start(self, relay: Any) -> None:
         self.replica.relay = relay
         self.replica.start()
@@ -239,3 +243,36 @@ class ReplicaActor:
 
     def import_requests(self, items: list[Any]) -> list[str]:
         return self.replica.import_requests(items)
+
+
+@ray.remote(max_concurrency=2)
+class RankActor:
+    """A following rank of a tensor-parallel replica (`laminar.rollout.tensor_parallel`): its shard of the engine,
+    making rank 0's calls. Made by rank 0's actor, which owns it: it ends with rank 0."""
+
+    def __init__(self, rank: int, world: int, make_engine: Any, cuda: bool, timeout_s: float, idle_s: float):
+        self.rank, self.world, self.make_engine, self.cuda = rank, world, make_engine, cuda
+        self.timeout_s, self.idle_s = timeout_s, idle_s
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, address: tuple[str, int], torch_threads: int = 1) -> None:
+        """Join the replica's ranks, build this rank's engine and follow rank 0 until the process ends."""
+        import torch
+
+        from laminar.relay.pull import SlotReader
+        from laminar.rollout.tensor_parallel import follow, join_group
+
+        torch.set_num_threads(torch_threads)
+        try:
+            if self.cuda:
+                torch.cuda.set_device(0)  # Ray shows each rank its own GPU only
+            tp, channel = join_group(self.rank, self.world, address, self.cuda, self.timeout_s, self.idle_s)
+            engine = self.make_engine(tp)
+        except (
+            BaseException
+        ):  # a rank that cannot start ends: rank 0's collectives break now, not at a timeout
+            log.exception("rank %d of %d: could not start", self.rank, self.world)
+            os._exit(1)
+        follow(engine, channel, SlotReader(None, timeout=self.timeout_s))

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from laminar.config import Config
 from laminar.manager.manager import sampling_of
 from laminar.relay.chain import relay_on_node
 from laminar.relay.relay import RelaySettings
 from laminar.rewards.stop import reward_path
-from laminar.runtime.actors import ReplicaActor
+from laminar.runtime.actors import RankActor, ReplicaActor
 
 
 def use_cuda(cfg: Config) -> bool:
@@ -40,9 +44,29 @@ def run_namespace(run_dir: Path) -> str:
     return "laminar-" + hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
 
 
+def group_name(namespace: str, replica: str) -> str:
+    """The placement group of a tensor-parallel replica's ranks (placement groups are named across namespaces)."""
+    return f"{namespace}/{replica}"
+
+
+def remove_groups(namespace: str, keep: set[str] = frozenset(), only: str | None = None) -> list[str]:
+    """Remove the tensor-parallel replicas' placement groups of `namespace` whose replica is not in `keep` (or only
+    `only`'s): their ranks end with them."""
+    gone = []
+    for pg_id, info in ray.util.placement_group_table().items():
+        namespace_of, _, replica = info.get("name", "").partition("/")
+        if namespace_of != namespace or replica in keep or info.get("state") == "REMOVED":
+            continue
+        if only is not None and replica != only:
+            continue
+        remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+        gone.append(replica)
+    return gone
+
+
 def sweep(namespace: str, keep: set[str] = frozenset()) -> list[str]:
     """End every replica and relay named in `namespace` but not in `keep`; returns their names."""
-    gone = []
+    gone = remove_groups(namespace, keep)
     for actor in ray.util.list_named_actors(all_namespaces=True):
         name = actor["name"]
         if actor["namespace"] != namespace or name in keep or not name.startswith(("replica-", "relay-")):
@@ -78,7 +102,8 @@ class EngineRecipe:
         )
         self.adapter_path = adapter_path
 
-    def __call__(self) -> Any:
+    def __call__(self, tensor_parallel: Any = None) -> Any:
+        """The engine; `tensor_parallel`: this process's `TPGroup` among a replica's ranks (None: the only one)."""
         import torch
 
         from laminar.engine import Engine
@@ -104,12 +129,53 @@ class EngineRecipe:
                 r.speculation_min_acceptance,
                 r.speculation_cost_ratio,
             ),
+            tensor_parallel=tensor_parallel,
         )
         if self.adapter_path:
             from laminar.engine.adapters import read_peft_adapter
 
             engine.load_state_dict(read_peft_adapter(self.adapter_path), self.version)
         return engine
+
+
+class GroupRecipe:
+    """Rank 0's engine of a tensor-parallel replica, built in rank 0's process: it makes the other ranks (its own
+    actors, in the bundles of its placement group after its own), joins them and returns a `Leader`
+    (`laminar.rollout.tensor_parallel`) that its replica holds as its engine."""
+
+    def __init__(
+        self, engine: EngineRecipe, pg: Any, world: int, num_cpus: float, timeout_s: float, idle_s: float
+    ):
+        self.engine, self.pg, self.world, self.num_cpus = engine, pg, world, num_cpus
+        self.timeout_s, self.idle_s = timeout_s, idle_s
+
+    def __call__(self) -> Any:
+        import torch
+
+        from laminar.relay.pull import SlotReader
+        from laminar.rollout.tensor_parallel import Leader, join_group
+
+        cuda = self.engine.cuda
+        ranks = [
+            RankActor.options(
+                num_cpus=self.num_cpus,
+                num_gpus=1 if cuda else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r),
+            ).remote(r, self.world, self.engine, cuda, self.timeout_s, self.idle_s)
+            for r in range(1, self.world)
+        ]
+        with socket.socket() as s:  # where rank 0 listens for the others
+            s.bind(("", 0))
+            address = (ray.util.get_node_ip_address(), s.getsockname()[1])
+        for rank in ranks:
+            rank.run.remote(address, torch.get_num_threads())
+        if cuda:
+            torch.cuda.set_device(0)
+        tp, channel = join_group(0, self.world, address, cuda, self.timeout_s, self.idle_s)
+        engine = self.engine(tp)
+        pids = ray.get([rank.pid.remote() for rank in ranks], timeout=self.timeout_s)
+        reader = SlotReader(None, timeout=self.timeout_s)
+        return Leader(engine, channel, reader, [os.getpid(), *pids], tuple(ranks))
 
 
 class ScorerRecipe:
@@ -232,6 +298,8 @@ class Factory:
         return sweep(self.namespace, keep)
 
     def replica(self, rid: int) -> Any:
+        """Replica `rid`'s actor (rank 0 of its ranks with `rollout.tensor_parallel`: the ranks are one placement
+        group, STRICT_PACK, on one machine; rank 0 in its first bundle makes the others in the rest)."""
         cfg, r = self.cfg, self.cfg.rollout
         options = {
             "name": self.replica_name(rid),
@@ -241,10 +309,28 @@ class Factory:
             "num_gpus": r.num_gpus if self.cuda else 0,
             **({"scheduling_strategy": "SPREAD"} if r.placement == "spread" else {}),
         }
+        engine = EngineRecipe(self.engine_path, cfg, self.cuda, self.version, self.end_ids, self.adapter_path)
+        if r.tensor_parallel > 1:
+            gpus = 1 if self.cuda else 0
+            pg = placement_group(
+                [{"CPU": r.num_cpus, **({"GPU": gpus} if gpus else {})}] * r.tensor_parallel,
+                strategy="STRICT_PACK",
+                name=group_name(self.namespace, self.replica_name(rid)),
+                lifetime="detached",
+            )
+            options["num_gpus"] = gpus
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                pg, placement_group_bundle_index=0
+            )
+            wait = cfg.run.timeout_s
+            # a following rank waits `idle` for rank 0's next call: rank 0 asks the manager for work within
+            # run.timeout_s, and before its first call it waits for its start
+            idle = 3 * wait + r.start_timeout_s
+            engine = GroupRecipe(engine, pg, r.tensor_parallel, r.num_cpus, wait, idle)
         t = cfg.task
         return ReplicaActor.options(**options).remote(
             rid,
-            EngineRecipe(self.engine_path, cfg, self.cuda, self.version, self.end_ids, self.adapter_path),
+            engine,
             ScorerRecipe(
                 self.model_path,
                 self.reward,
@@ -266,6 +352,13 @@ class Factory:
             if t.tools or t.tool_calls_mean > 0
             else None,
         )
+
+    def end_replica(self, rid: int, handle: Any) -> None:
+        """End a replica (a hung one too) and, with tensor parallelism, its placement group and every rank in it."""
+        if handle is not None:
+            ray.kill(handle)
+        if self.cfg.rollout.tensor_parallel > 1:
+            remove_groups(self.namespace, only=self.replica_name(rid))
 
     def relay(self, node: str, name: str) -> Any:
         """A relay pinned to `node` with the run's secret, slots and chunk size; `ready` says when it runs."""

@@ -5,6 +5,8 @@ swapping, or being killed, minutes later.
     KV cache per replica = layers x 2 (keys, values) x KV heads x head dim x block_size x kv_blocks x dtype bytes
     weights per replica  = parameters x dtype bytes (bf16 on CUDA or with model.dtype=bfloat16, else fp32)
                            [+ the adapted weights' base again with trainer.lora_publish=adapters]
+                           (with rollout.tensor_parallel=N, per rank: its KV heads' share of the cache, the
+                           embedding and lm_head whole and the rest of the parameters / N)
     trainer per rank     = parameters x (4 fp32 weights + 4 gradients + 8 AdamW moments [+ 2 bf16 copy on CUDA]
                            [+ the reference's copy with trainer.kl_coef]) / ranks; LoRA: the frozen fp32 base
                            + a micro-batch's activations: tokens x (layers x (6 hidden + 4 intermediate) x dtype
@@ -37,8 +39,8 @@ RELAY_PROCESS_BYTES = GIB // 8  # a relay's (no model)
 class MemoryEstimate:
     """Bytes each part holds; `relays` is how many relays the local machine runs (master and the rollouts')."""
 
-    kv_per_replica: int
-    weights_per_replica: int
+    kv_per_replica: int  # per rank of a tensor-parallel replica
+    weights_per_replica: int  # likewise
     trainer_state: int  # per rank: weights, gradients, optimizer (and the bf16 copy, the reference)
     trainer_activations: int  # per rank: one micro-batch's
     relay_slots: int  # per relay
@@ -46,6 +48,11 @@ class MemoryEstimate:
     ranks: int
     relays: int
     cuda: bool
+    replica_ranks: int = 1  # rollout.tensor_parallel: the processes (GPUs) of one replica
+
+    @property
+    def replica_processes(self) -> int:
+        return self.replicas * self.replica_ranks
 
     @property
     def replica(self) -> int:
@@ -60,14 +67,17 @@ class MemoryEstimate:
         """What the machine's memory holds: everything on CPU; on CUDA the processes and the relay slots."""
         relays = self.relays * (self.relay_slots + RELAY_PROCESS_BYTES)
         if self.cuda:
-            return relays + (self.replicas + self.ranks) * PROCESS_BYTES
-        return self.replicas * self.replica + self.ranks * self.trainer_per_rank + relays
+            return relays + (self.replica_processes + self.ranks) * PROCESS_BYTES
+        return self.replica_processes * self.replica + self.ranks * self.trainer_per_rank + relays
 
     def line(self) -> str:
         where = "GPU" if self.cuda else "host"
+        each = (
+            "per replica" if self.replica_ranks == 1 else f"per replica rank ({self.replica_ranks} a replica)"
+        )
         return (
-            f"memory estimate ({where}): per replica {gib(self.replica)} (KV cache {gib(self.kv_per_replica)}, "
-            f"weights {gib(self.weights_per_replica)}) x {self.replicas}, per trainer rank "
+            f"memory estimate ({where}): {each} {gib(self.replica)} (KV cache {gib(self.kv_per_replica)}, "
+            f"weights {gib(self.weights_per_replica)}) x {self.replica_processes}, per trainer rank "
             f"{gib(self.trainer_per_rank)} (weights, gradients and optimizer {gib(self.trainer_state)}, "
             f"activations {gib(self.trainer_activations)}) x {self.ranks}, relay slots {gib(self.relay_slots)} x "
             f"{self.relays}: {gib(self.host)} of host memory in all"
@@ -101,6 +111,11 @@ def estimate(cfg: Any, shape: Any, parameters: int, cuda: bool) -> MemoryEstimat
         projections = adapted_projections(shape, t.lora_target_modules)
         published = shape.num_layers * sum(t.lora_rank * (i + o) for i, o in projections)
         replica_weights += shape.num_layers * sum(i * o for i, o in projections)
+    n = r.tensor_parallel
+    if n > 1:  # one rank's share: its KV heads, the embedding and lm_head whole, the rest split
+        kv = kv * max(1, shape.num_kv_heads // n) // shape.num_kv_heads
+        whole = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
+        replica_weights = whole + max(0, replica_weights - whole) // n
     return MemoryEstimate(
         kv_per_replica=kv,
         weights_per_replica=replica_weights * engine_bytes,
@@ -111,6 +126,7 @@ def estimate(cfg: Any, shape: Any, parameters: int, cuda: bool) -> MemoryEstimat
         ranks=t.num_workers,
         relays=1 if cfg.run.ray_address else 2,
         cuda=cuda,
+        replica_ranks=n,
     )
 
 
@@ -140,7 +156,8 @@ def too_big(est: MemoryEstimate, host_available: int, gpu_total: int | None, cfg
         replica_share = gpu_total * min(r.num_gpus or 1.0, 1.0)
         if est.replica > replica_share:
             return (
-                f"a replica needs about {gib(est.replica)} (KV cache {gib(est.kv_per_replica)}) and its "
+                f"a replica{' rank' if est.replica_ranks > 1 else ''} needs about {gib(est.replica)} (KV cache "
+                f"{gib(est.kv_per_replica)}) and its "
                 f"share of a GPU (rollout.num_gpus={r.num_gpus:g}) is {gib(int(replica_share))}: lower "
                 "rollout.kv_blocks or give each replica more of a GPU"
             )

@@ -8,6 +8,9 @@ the committed measurements are constants in `laminar.sim.measured`, what `lamina
   constants cannot be told apart on these rows. The efficiency carries over to the simulated card; its
   bandwidth and memory stay as configured (an H200 measurement calibrates an H800 simulation). Only the
   largest model's rows are used. CPU runs are ignored: they say nothing about an H100.
+- The all-reduces of a tensor-parallel replica (`fit_tp_latency`, `laminar bench tp` files on a GPU): a step at
+  TP=N over the roofline of its shard costs what TP=1 costs over its own roofline at the same batch, plus a fixed
+  time each of its 2 x layers all-reduces (`tp_layer_latency_s`: the median over batch sizes up to 64).
 - The trainer's MFU (`from_trainer_rows`, `laminar bench trainer` rows).
 - Every constant of the small GPU schedule benchmark (`from_schedule_bench`), for `laminar simulate --validate`.
 """
@@ -45,6 +48,39 @@ def from_engine_bench(path: str | Path, base: CostModel) -> tuple[CostModel, str
     note = (
         f"{path} ({data.get('device_name')}, {run.get('model')}): decode_mem_eff={eff:.2f}, "
         f"step_overhead_s=0 (folded in) from {len(bound)} memory-bound batch sizes"
+    )
+    return fitted, note
+
+
+def fit_tp_latency(paths: Sequence[str | Path]) -> tuple[float, str]:
+    """(`tp_layer_latency_s`, a note) from `laminar bench tp` files: for every decode step at TP > 1 run as CUDA
+    graphs (the runtime's path) at a batch of at most 64, its time less its roofline times TP=1's ratio to the
+    roofline for the same shape and batch, over its 2 x layers all-reduces; the median. A shape without a TP=1
+    row in the files is left out."""
+    ratio: dict[tuple[str, int], float] = {}
+    steps = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        graphs = {d["tp"]: d.get("pipelined", False) for d in data["degrees"]}
+        layers = data["shape"]["num_layers"]
+        for r in data["rows"]:
+            if r["batch"] > 64:
+                continue
+            if r["tp"] == 1:
+                ratio[(data["model"], r["batch"])] = r["step_ms"] / r["roofline_ms"]
+            elif graphs.get(r["tp"]):
+                steps.append((data["model"], r, layers))
+    per = [
+        (r["step_ms"] - r["roofline_ms"] * ratio[(model, r["batch"])]) / 1e3 / (2 * layers)
+        for model, r, layers in steps
+        if (model, r["batch"]) in ratio
+    ]
+    if not per:
+        raise ValueError(f"{', '.join(map(str, paths))}: no TP > 1 graph rows with a TP=1 row of their shape")
+    fitted = float(np.median(per))
+    note = (
+        f"tp_layer_latency_s={fitted * 1e6:.1f} us an all-reduce: median of {len(per)} decode steps at TP > 1, "
+        f"batch <= 64 ({', '.join(str(p) for p in paths)})"
     )
     return fitted, note
 

@@ -11,7 +11,14 @@ from laminar.sim.calibrate import from_engine_bench, from_trainer_rows, trainer_
 from laminar.sim.config import SCHEDULES, load_config
 from laminar.sim.cost import MODELS, CostModel
 from laminar.sim.experiment import bench, paper_experiment, plan, run_many
-from laminar.sim.measured import ENGINE_DECODE_MEM_EFF, ENGINE_NOTE, SMALL_GPU, TRAINER_ROWS
+from laminar.sim.measured import (
+    ENGINE_DECODE_MEM_EFF,
+    ENGINE_NOTE,
+    SMALL_GPU,
+    TP_LAYER_LATENCY_S,
+    TP_NOTE,
+    TRAINER_ROWS,
+)
 from laminar.sim.plots import plot_runs
 
 
@@ -66,7 +73,10 @@ def measured_cost(
     trainer_benches: list[str] | None = None,
 ) -> CostModel:
     """The cost model calibrated on our engine benchmark and, for the trainer's MFU, our trainer benchmark: on the
-    files given, else on the committed measurements (`laminar.sim.measured`)."""
+    files given, else on the committed measurements (`laminar.sim.measured`); a tensor-parallel replica's
+    all-reduces on the committed `laminar bench tp` fit."""
+    base = replace(base, tp_layer_latency_s=TP_LAYER_LATENCY_S)
+    print(f"calibration: {TP_NOTE}")
     if engine_benches:
         for path in engine_benches:
             base, note = from_engine_bench(path, base)

@@ -76,7 +76,9 @@ class CostModel:
     decode_compute_eff: float = 0.60
     prefill_compute_eff: float = 0.50
     step_overhead_s: float = 0.004  # scheduler, sampling and launch per decode step (vLLM-class, CUDA graphs)
-    tp_layer_latency_s: float = 8e-6  # one all-reduce per layer and step at TP > 1 (NVLink latency)
+    # one all-reduce, two a layer and step at TP > 1 (NVLink latency; `laminar simulate` uses the fit to
+    # results/tp-decode, 19 us: `laminar.sim.measured.TP_LAYER_LATENCY_S`)
+    tp_layer_latency_s: float = 8e-6
     kv_memory_frac: float = 0.90  # gpu_memory_utilization
     max_num_seqs: int = 256
     kv_block_tokens: int = 16

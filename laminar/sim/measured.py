@@ -18,6 +18,19 @@ ENGINE_NOTE = (
     "from 7 memory-bound batch sizes"
 )
 
+# `fit_tp_latency` on `laminar bench tp` on two H200s, the Qwen2.5-7B shape with NCCL all-reduces captured in its
+# decode graphs (TP=2) and TP=1 for the ratio to the roofline: the time one all-reduce adds to a decode step
+TP_BENCH = (
+    "results/tp-decode/tp-7b.json",
+    "results/tp-decode/tp-7b-graphs.json",
+    "results/tp-decode/tp-7b-nccl-rerun.json",
+)
+TP_LAYER_LATENCY_S = 1.8863357390348915e-05
+TP_NOTE = (
+    "results/tp-decode (NVIDIA H200 x 2, qwen2.5-7b, TP=2 in CUDA graphs): tp_layer_latency_s=18.9 us an "
+    "all-reduce, 2 a layer (median of 8 decode steps at batch <= 64)"
+)
+
 # The `laminar bench trainer` rows `from_trainer_rows` can pick from results/trainer/*/trainer.json: of each
 # shape, the sharded row with the highest MFU (6 x parameters x tokens); rows measured beside other work left out
 TRAINER_ROWS = (

@@ -3,6 +3,7 @@ and one line when the run cannot fit the machine (the GPU config run on a CPU as
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 
@@ -66,6 +67,16 @@ def test_the_kv_cache_weights_trainer_and_relays_follow_the_formula():
     assert adapters.weights_per_replica == (PARAMETERS + 30 * (qkvo + mlp)) * 4  # the adapted base kept
     ranked = 8 * ((576 + 576) * 2 + (576 + 192) * 2 + (576 + 1536) * 3)
     assert adapters.relay_slots == 3 * 30 * ranked * 4  # the adapters alone
+    # SmolLM2's 3 KV heads on 3 ranks: a third of the cache a rank, the tied embedding whole, the rest a third
+    tied = dataclasses.replace(SMOLLM2, tie_word_embeddings=True)
+    overrides = ["rollout.kv_blocks=8192", "rollout.tensor_parallel=3"]
+    tp = estimate(load_config(None, overrides), tied, PARAMETERS, True)
+    embedding = 49152 * 576
+    assert tp.kv_per_replica == gpu.kv_per_replica // 3
+    assert tp.weights_per_replica == (embedding + (PARAMETERS - embedding) // 3) * 2
+    assert (
+        tp.host == 2 * (tp.relay_slots + RELAY_PROCESS_BYTES) + (3 * 3 + 1) * PROCESS_BYTES
+    )  # 3 replicas of 3
 
 
 def test_a_run_that_cannot_fit_is_one_line_naming_what_to_lower():
