@@ -53,18 +53,40 @@ def mib(n_bytes: int) -> str:
 
 
 @contextmanager
-def tensor_maps_built_once() -> Iterator[None]:
-    """transformers builds gguf's tensor-name map again for every module of the model it loads (about 400 for
-    SmolLM2, 6 s of a 16 s import on two cores); the map depends only on the architecture and the number of
-    layers, so within this block each is built once."""
+def gguf_read_once(say: Callable[[str], None], every_s: float = 3.0) -> Iterator[None]:
+    """transformers parses the GGUF's header again for its config, its tokenizer and its weights (about 2 s each
+    for SmolLM2's 49,152-token vocabulary on two cores), and builds gguf's tensor-name map again for every module
+    of the model (about 400, 6 s); within this block the file is parsed once and each map built once, both
+    read-only. Dequantizing is told to `say` every `every_s` seconds: tensors done of all, and the time left."""
     import gguf
 
-    original = gguf.get_tensor_name_map
-    gguf.get_tensor_name_map = functools.cache(original)
+    reader, tensor_map, dequantize = gguf.GGUFReader, gguf.get_tensor_name_map, gguf.dequantize
+    state = {"done": 0, "total": 0, "t0": 0.0, "said": 0.0}
+
+    @functools.cache
+    def read(path: str) -> gguf.GGUFReader:
+        parsed = reader(path)
+        state["total"] = len(parsed.tensors)
+        return parsed
+
+    def counted(data, kind):  # noqa: ANN001 (gguf's own signature)
+        now = time.perf_counter()
+        if state["done"] == 0:
+            state["t0"] = state["said"] = now
+        elif now - state["said"] >= every_s:
+            done, total = state["done"], state["total"]
+            left = (now - state["t0"]) / done * (total - done)
+            say(f"dequantized {done}/{total} tensors in {now - state['t0']:.1f} s, about {left:.0f} s left")
+            state["said"] = now
+        state["done"] += 1
+        return dequantize(data, kind)
+
+    gguf.GGUFReader = lambda path, *a, **k: read(str(path)) if not a and not k else reader(path, *a, **k)
+    gguf.get_tensor_name_map, gguf.dequantize = functools.cache(tensor_map), counted
     try:
         yield
     finally:
-        gguf.get_tensor_name_map = original
+        gguf.GGUFReader, gguf.get_tensor_name_map, gguf.dequantize = reader, tensor_map, dequantize
 
 
 def import_gguf(
@@ -84,8 +106,8 @@ def import_gguf(
 
     t0 = time.perf_counter()
     say(f"reading {src} ({mib(src.stat().st_size)}): its tokenizer, then its weights, dequantized to float32")
-    tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-    with tensor_maps_built_once():
+    with gguf_read_once(say):
+        tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
         loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name)
     n_params = sum(p.numel() for p in loaded.parameters())
     say(
