@@ -24,13 +24,13 @@ from typing import Any
 
 import ray
 
-from laminar.config import Config
 from laminar.data.records import PromptGroup
 from laminar.journal import Journal
 from laminar.manager.dispatcher import Dispatcher
 from laminar.manager.fleet import Fleet
 from laminar.manager.repacker import RepackLoop, RepackStats
-from laminar.manager.supervisor import Supervisor, Watch
+from laminar.manager.spec import ManagerSpec
+from laminar.manager.supervisor import Supervisor
 from laminar.schedules.schedule import Schedule
 
 
@@ -38,21 +38,10 @@ class RolloutFailure(RuntimeError):
     """Replicas keep failing the same way: replacing them again would only fail again."""
 
 
-def sampling_of(cfg: Config) -> dict[str, Any]:
-    """How every rollout samples (a replica's requests and recovery's restarts alike)."""
-    r = cfg.rollout
-    return {
-        "temperature": r.temperature,
-        "top_p": r.top_p,
-        "top_k": r.top_k,
-        "max_new_tokens": r.max_new_tokens,
-    }
-
-
 class RolloutManager:
     def __init__(
         self,
-        cfg: Config,
+        spec: ManagerSpec,
         schedule: Schedule,
         prompt_pool: Any,
         partial_pool: Any,
@@ -62,19 +51,20 @@ class RolloutManager:
     ) -> None:
         """`factory` makes (and finds) the run's replicas and relays; `journal_dir`: where the journal goes (None:
         none, an in-process manager)."""
-        r = cfg.rollout
         self.fleet = Fleet(t0)
         self.dispatcher = Dispatcher(self.fleet, prompt_pool, schedule.dispatch)
-        watch = Watch(
-            r.heartbeat_s, r.dead_after_s, cfg.run.timeout_s, r.max_failures_in_a_row, r.start_timeout_s
-        )
         self.supervisor = Supervisor(
-            self.fleet, partial_pool, sampling_of(cfg), cfg.run.seed, watch, on_fatal=self.dispatcher.wake
+            self.fleet, partial_pool, spec.sampling, spec.run_seed, spec.watch, on_fatal=self.dispatcher.wake
         )
         self.repack: RepackLoop | None = None
         if schedule.repack:
             self.repack = RepackLoop(
-                self.fleet, cfg.repack, self.dispatcher, partial_pool, self.supervisor.place, r.dead_after_s
+                self.fleet,
+                spec.repack,
+                self.dispatcher,
+                partial_pool,
+                self.supervisor.place,
+                spec.watch.dead_after_s,
             )
         self._tasks: list[asyncio.Task] = []
         self.factory = factory

@@ -292,7 +292,10 @@ class Supervisor(Recovering, RelayRepair):
         (without `replace`: the run is ending, only the recovery)."""
         fleet = self.fleet
         handle = fleet.drop_replica(dead, replace)
-        self.factory.end_replica(dead, handle)  # a hung one too, and every rank of a tensor-parallel one
+        if self.factory is not None:  # a hung one too, and every rank of a tensor-parallel one
+            self.factory.end_replica(dead, handle)
+        elif handle is not None:  # an in-process manager's replica (no factory made it)
+            ray.kill(handle)
         fleet.event("failure", what="rollout", replica=dead)
         if not replace:
             fleet.count("rollouts")

@@ -9,6 +9,7 @@ ends them all with the run (`sweep`), and a resumed run first ends what its stop
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import os
 import socket
@@ -19,8 +20,9 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from laminar.config import Config
-from laminar.manager.manager import sampling_of
+from laminar.config import Config, TaskConfig
+from laminar.engine.config import Speculation
+from laminar.manager.spec import sampling_of
 from laminar.relay.chain import relay_on_node
 from laminar.relay.relay import RelaySettings
 from laminar.rewards.stop import reward_path
@@ -79,6 +81,38 @@ def sweep(namespace: str, keep: set[str] = frozenset()) -> list[str]:
     return gone
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    """A replica's engine settings as `Engine` takes them (`laminar.engine.Engine`), from the `rollout` section."""
+
+    cuda: bool  # on the driver's answer (`use_cuda`): CUDA graphs and bf16 there
+    bf16: bool  # the weights' dtype: bf16 on CUDA or with model.dtype=bfloat16, else fp32
+    max_num_seqs: int
+    num_kv_blocks: int
+    block_size: int
+    pipeline: bool | None  # None: the engine's choice (on where decode runs as CUDA graphs)
+    speculation: Speculation
+
+    @classmethod
+    def of(cls, cfg: Config, cuda: bool) -> EngineSpec:
+        r = cfg.rollout
+        return cls(
+            cuda,
+            cuda or cfg.model.dtype == "bfloat16",
+            r.max_num_seqs,
+            r.kv_blocks,
+            r.block_size,
+            None if r.pipeline == "auto" else r.pipeline == "on",
+            Speculation(
+                r.speculation,
+                r.speculation_max_draft,
+                r.speculation_max_batch,
+                r.speculation_min_acceptance,
+                r.speculation_cost_ratio,
+            ),
+        )
+
+
 class EngineRecipe:
     """Picklable recipe for a replica's engine, built inside the replica's process: the weights of `model_path`,
     plus, with `adapter_path`, a peft adapter directory's LoRA adapters added to them (a resumed run whose
@@ -87,48 +121,37 @@ class EngineRecipe:
     def __init__(
         self,
         model_path: str,
-        cfg: Config,
-        cuda: bool,
+        spec: EngineSpec,
         version: int = 0,
         end_ids: tuple[int, ...] = (),
         adapter_path: str = "",
     ) -> None:
-        self.model_path, self.cfg, self.cuda, self.version, self.end_ids = (
-            model_path,
-            cfg,
-            cuda,
-            version,
-            end_ids,
-        )
+        self.model_path, self.spec, self.version, self.end_ids = model_path, spec, version, end_ids
         self.adapter_path = adapter_path
+
+    @property
+    def cuda(self) -> bool:
+        return self.spec.cuda
 
     def __call__(self, tensor_parallel: Any = None) -> Any:
         """The engine; `tensor_parallel`: this process's `TPGroup` among a replica's ranks (None: the only one)."""
         import torch
 
         from laminar.engine import Engine
-        from laminar.engine.config import Speculation
 
-        r, cuda = self.cfg.rollout, self.cuda
-        dtype = torch.bfloat16 if cuda or self.cfg.model.dtype == "bfloat16" else torch.float32
+        e = self.spec
         engine = Engine.from_pretrained(
             self.model_path,
             eos_token_ids=self.end_ids,
-            device="cuda" if cuda else "cpu",
-            dtype=dtype,
-            max_num_seqs=r.max_num_seqs,
-            num_kv_blocks=r.kv_blocks,
-            block_size=r.block_size,
-            use_cuda_graphs=cuda,
+            device="cuda" if e.cuda else "cpu",
+            dtype=torch.bfloat16 if e.bf16 else torch.float32,
+            max_num_seqs=e.max_num_seqs,
+            num_kv_blocks=e.num_kv_blocks,
+            block_size=e.block_size,
+            use_cuda_graphs=e.cuda,
             version=self.version,
-            pipeline=None if r.pipeline == "auto" else r.pipeline == "on",
-            speculation=Speculation(
-                r.speculation,
-                r.speculation_max_draft,
-                r.speculation_max_batch,
-                r.speculation_min_acceptance,
-                r.speculation_cost_ratio,
-            ),
+            pipeline=e.pipeline,
+            speculation=e.speculation,
             tensor_parallel=tensor_parallel,
         )
         if self.adapter_path:
@@ -214,9 +237,11 @@ class ToolRecipe:
     """Builds a replica's tool-turn driver in its own process (it holds threads): the run's tools, and the model's
     tokenizer to read calls and render the tools' output."""
 
-    def __init__(self, model_path: str, cfg: Config, tokenizer_class: str) -> None:
-        self.model_path, self.task, self.tokenizer_class = model_path, cfg.task, tokenizer_class
-        self.stop_token_ids = tuple(cfg.rollout.stop_token_ids)
+    def __init__(
+        self, model_path: str, task: TaskConfig, stop_token_ids: tuple[int, ...], tokenizer_class: str
+    ) -> None:
+        self.model_path, self.task, self.tokenizer_class = model_path, task, tokenizer_class
+        self.stop_token_ids = stop_token_ids
 
     def __call__(self) -> Any:
         from laminar.data.codec import TaskCodec
@@ -239,6 +264,51 @@ class ToolRecipe:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplicaSpec:
+    """How the run's replicas are made, from its config once on the driver (`of`): the manager's factory makes
+    every replica and replacement from this, never from the `Config`."""
+
+    engine: EngineSpec
+    reward: str  # the reward the driver chose (`laminar.rewards.stop.reward_path`)
+    num_cpus: float
+    num_gpus: float  # a replica's share of a GPU (a rank's with tensor parallelism), 0 without CUDA
+    spread: bool  # rollout.placement=spread: across machines
+    tensor_parallel: int
+    start_timeout_s: float
+    timeout_s: float  # run.timeout_s
+    progress_every: int
+    heartbeat_s: float
+    sampling: dict[str, Any]  # `laminar.manager.spec.sampling_of`
+    run_seed: int
+    reward_timeout_s: float | None
+    reward_processes: int
+    stop_token_ids: tuple[int, ...]
+    tools: TaskConfig | None  # the task's tool settings when replicas run tool turns, else None
+
+    @classmethod
+    def of(cls, cfg: Config) -> ReplicaSpec:
+        r, t, cuda = cfg.rollout, cfg.task, use_cuda(cfg)
+        return cls(
+            engine=EngineSpec.of(cfg, cuda),
+            reward=reward_path(cfg),
+            num_cpus=r.num_cpus,
+            num_gpus=r.num_gpus if cuda else 0,
+            spread=r.placement == "spread",
+            tensor_parallel=r.tensor_parallel,
+            start_timeout_s=r.start_timeout_s,
+            timeout_s=cfg.run.timeout_s,
+            progress_every=r.progress_every,
+            heartbeat_s=r.heartbeat_s,
+            sampling=sampling_of(cfg),
+            run_seed=cfg.run.seed,
+            reward_timeout_s=t.reward_timeout_s,
+            reward_processes=t.reward_processes,
+            stop_token_ids=tuple(r.stop_token_ids),
+            tools=t if t.tools or t.tool_calls_mean > 0 else None,
+        )
+
+
 class Factory:
     """Built by the driver and handed to the manager, which makes every replica and relay with it (bound to
     itself and the buffer: `for_manager`). `engine_path`, `adapter_path` and `version` are where the replicas'
@@ -247,7 +317,7 @@ class Factory:
 
     def __init__(
         self,
-        cfg: Config,
+        spec: ReplicaSpec,
         model_path: str,
         relay_settings: RelaySettings,
         *,
@@ -262,7 +332,7 @@ class Factory:
         end_ids: tuple[int, ...] = (),
         tokenizer_class: str = "",
     ) -> None:
-        self.cfg, self.model_path, self.relay_settings = cfg, model_path, relay_settings
+        self.spec, self.model_path, self.relay_settings = spec, model_path, relay_settings
         self.namespace = namespace
         self.manager, self.partial_pool, self.buffer = manager, partial_pool, buffer
         self.interrupt_on_update = interrupt_on_update
@@ -272,8 +342,6 @@ class Factory:
         self.tokenizer_class = (
             tokenizer_class  # the class the driver's AutoTokenizer chose ("" = choose again)
         )
-        self.cuda = use_cuda(cfg)  # decided here, on the driver
-        self.reward = reward_path(cfg)  # and so is the reward
 
     def for_manager(self, manager: Any) -> Factory:
         """This factory for the manager `manager`: its replicas talk to it, the partial pool and the buffer."""
@@ -300,20 +368,20 @@ class Factory:
     def replica(self, rid: int) -> Any:
         """Replica `rid`'s actor (rank 0 of its ranks with `rollout.tensor_parallel`: the ranks are one placement
         group, STRICT_PACK, on one machine; rank 0 in its first bundle makes the others in the rest)."""
-        cfg, r = self.cfg, self.cfg.rollout
+        spec = self.spec
         options = {
             "name": self.replica_name(rid),
             "namespace": self.namespace,
             "lifetime": "detached",  # outlives the manager that made it (it may be restarted)
-            "num_cpus": r.num_cpus,
-            "num_gpus": r.num_gpus if self.cuda else 0,
-            **({"scheduling_strategy": "SPREAD"} if r.placement == "spread" else {}),
+            "num_cpus": spec.num_cpus,
+            "num_gpus": spec.num_gpus,
+            **({"scheduling_strategy": "SPREAD"} if spec.spread else {}),
         }
-        engine = EngineRecipe(self.engine_path, cfg, self.cuda, self.version, self.end_ids, self.adapter_path)
-        if r.tensor_parallel > 1:
-            gpus = 1 if self.cuda else 0
+        engine = EngineRecipe(self.engine_path, spec.engine, self.version, self.end_ids, self.adapter_path)
+        if spec.tensor_parallel > 1:
+            gpus = 1 if spec.engine.cuda else 0
             pg = placement_group(
-                [{"CPU": r.num_cpus, **({"GPU": gpus} if gpus else {})}] * r.tensor_parallel,
+                [{"CPU": spec.num_cpus, **({"GPU": gpus} if gpus else {})}] * spec.tensor_parallel,
                 strategy="STRICT_PACK",
                 name=group_name(self.namespace, self.replica_name(rid)),
                 lifetime="detached",
@@ -322,34 +390,33 @@ class Factory:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 pg, placement_group_bundle_index=0
             )
-            wait = cfg.run.timeout_s
+            wait = spec.timeout_s
             # a following rank waits `idle` for rank 0's next call: rank 0 asks the manager for work within
             # run.timeout_s, and before its first call it waits for its start
-            idle = 3 * wait + r.start_timeout_s
-            engine = GroupRecipe(engine, pg, r.tensor_parallel, r.num_cpus, wait, idle)
-        t = cfg.task
+            idle = 3 * wait + spec.start_timeout_s
+            engine = GroupRecipe(engine, pg, spec.tensor_parallel, spec.num_cpus, wait, idle)
         return ReplicaActor.options(**options).remote(
             rid,
             engine,
             ScorerRecipe(
                 self.model_path,
-                self.reward,
-                t.reward_timeout_s,
-                tuple(cfg.rollout.stop_token_ids),
-                t.reward_processes,
+                spec.reward,
+                spec.reward_timeout_s,
+                spec.stop_token_ids,
+                spec.reward_processes,
                 self.tokenizer_class,
             ),
             manager=self.manager,
             partial_pool=self.partial_pool,
             buffer=self.buffer,
-            sampling=sampling_of(cfg),
-            run_seed=cfg.run.seed,
-            progress_every=r.progress_every,
-            heartbeat_s=r.heartbeat_s,
-            timeout_s=cfg.run.timeout_s,
+            sampling=spec.sampling,
+            run_seed=spec.run_seed,
+            progress_every=spec.progress_every,
+            heartbeat_s=spec.heartbeat_s,
+            timeout_s=spec.timeout_s,
             interrupt_on_update=self.interrupt_on_update,
-            tools=ToolRecipe(self.model_path, cfg, self.tokenizer_class)
-            if t.tools or t.tool_calls_mean > 0
+            tools=ToolRecipe(self.model_path, spec.tools, spec.stop_token_ids, self.tokenizer_class)
+            if spec.tools is not None
             else None,
         )
 
@@ -357,7 +424,7 @@ class Factory:
         """End a replica (a hung one too) and, with tensor parallelism, its placement group and every rank in it."""
         if handle is not None:
             ray.kill(handle)
-        if self.cfg.rollout.tensor_parallel > 1:
+        if self.spec.tensor_parallel > 1:
             remove_groups(self.namespace, only=self.replica_name(rid))
 
     def relay(self, node: str, name: str) -> Any:

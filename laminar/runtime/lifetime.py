@@ -15,12 +15,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from laminar.config import Config
 from laminar.data.dataset import val_rows
 from laminar.manager.manager import RolloutManager
+from laminar.manager.spec import ManagerSpec
 from laminar.relay.relay import RelaySettings
 from laminar.rewards.stop import FailingRewards
 from laminar.runtime.checkpoint import replica_weights, restore_checkpoint, write_checkpoint
 from laminar.runtime.control import RESTARTS, MadeHere, PartialPoolActor, PromptPoolActor, rows_digest
 from laminar.runtime.evaluation import Evaluator
-from laminar.runtime.factory import BUFFER, Factory, run_namespace, sweep, use_cuda
+from laminar.runtime.factory import BUFFER, Factory, ReplicaSpec, run_namespace, sweep, use_cuda
 from laminar.runtime.journaled_buffer import BufferActor
 from laminar.runtime.trainer_group import TrainerGroup, trainer_args
 from laminar.schedules.schedule import Schedule
@@ -100,7 +101,7 @@ class Lifetime:
             cfg.relay.slots, int(cfg.relay.chunk_mb * (1 << 20)), tls=cfg.relay.tls
         )
         factory = Factory(
-            cfg,
+            ReplicaSpec.of(cfg),
             model_path,
             rt.relay_settings,
             partial_pool=rt.partial_pool,
@@ -114,7 +115,15 @@ class Lifetime:
         rt.manager = (
             ray.remote(num_cpus=0, **RESTARTS)(RolloutManager)
             .options(**here)
-            .remote(cfg, schedule, rt.prompt_pool, rt.partial_pool, recorder.t0, factory, str(journal))
+            .remote(
+                ManagerSpec.of(cfg),
+                schedule,
+                rt.prompt_pool,
+                rt.partial_pool,
+                recorder.t0,
+                factory,
+                str(journal),
+            )
         )
         rt.buffer = BufferActor.options(**here, name=BUFFER, namespace=rt.namespace).remote(
             t.group_size,

@@ -11,6 +11,7 @@ from laminar.config import Config, RepackConfig
 from laminar.data.records import PromptGroup
 from laminar.engine import ExportedRequest, SamplingParams
 from laminar.manager.manager import RolloutManager
+from laminar.manager.spec import ManagerSpec
 from laminar.rollout.inflight import InFlight, sample_seed
 from laminar.schedules.dispatch import Dispatch
 from laminar.schedules.schedule import Schedule
@@ -137,7 +138,9 @@ def manager_over(
         interval_s=0.01, batch_limit_b=16, kv_capacity=0.9, only_with_work=only_with_work
     )
     cfg.rollout.max_new_tokens = 32
-    manager = RolloutManager(cfg, Schedule.from_config(cfg), None, Local(partial_pool), t0=0.0)
+    manager = RolloutManager(
+        ManagerSpec.of(cfg), Schedule.from_config(cfg), None, Local(partial_pool), t0=0.0
+    )
     manager.dispatcher.dispatch = Dispatch(groups_per_batch=4, max_outstanding_groups=24)
     manager.fleet.handles = {r.id: Local(r) for r in replicas}
     manager.supervisor.buffer = Local(buffer)

@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 from laminar.configure import load_config
 from laminar.manager.manager import RolloutManager
+from laminar.manager.spec import ManagerSpec
 from laminar.runtime.control import JournaledPromptPool
 from laminar.schedules.schedule import Schedule
 from tests.manager.local import Local
@@ -20,7 +21,9 @@ BEAT = {"replica": 0, "running": 0, "waiting": 0, "reward_errors": [{"traj_id": 
 
 def manager(journal, pool) -> RolloutManager:
     cfg = load_config(None, ["trainer.groups_per_step=2", "rollout.groups_per_batch=1"])
-    return RolloutManager(cfg, Schedule.from_config(cfg), Local(pool), None, t0=0.0, journal_dir=journal)
+    return RolloutManager(
+        ManagerSpec.of(cfg), Schedule.from_config(cfg), Local(pool), None, t0=0.0, journal_dir=journal
+    )
 
 
 def test_a_restarted_manager_answers_as_the_lost_one_would_have_and_adopts_what_it_missed(

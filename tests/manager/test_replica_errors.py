@@ -3,6 +3,7 @@ Reward errors a replica reports with its heartbeat become run records."""
 
 from laminar.config import Config
 from laminar.manager.manager import RolloutManager
+from laminar.manager.spec import ManagerSpec
 from laminar.manager.supervisor import repeated_failure
 from laminar.rollout.storing import describe_error
 from laminar.schedules.schedule import Schedule
@@ -42,7 +43,7 @@ def snapshot(replica: int, **extra):
 def manager(t0: float = 0.0, max_failures_in_a_row: int = 3) -> RolloutManager:
     cfg = Config()
     cfg.rollout.max_failures_in_a_row = max_failures_in_a_row
-    return RolloutManager(cfg, Schedule.from_config(cfg), None, None, t0=t0)
+    return RolloutManager(ManagerSpec.of(cfg), Schedule.from_config(cfg), None, None, t0=t0)
 
 
 def test_replica_errors_are_logged_with_their_traceback_and_repeats_become_fatal():
