@@ -364,7 +364,7 @@ class Engine(RequestMoves, Speculating):
             version=seq.token_versions[0] if seq.token_versions else self.version,
             token_versions=seq.token_versions,
             reprefill_tokens=seq.num_prefilled,
-            output_mask=seq.mask() if seq.output_mask else [],
+            loss_mask=seq.mask() if seq.loss_mask else [],
         )
 
     # ---- weights ------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ class RequestMoves:
             token_versions=list(seq.token_versions),
             params=seq.params,
             version=self.version,
-            output_mask=seq.mask() if seq.output_mask else [],
+            loss_mask=seq.mask() if seq.loss_mask else [],
             parked=seq.parked,
             kv=kv,
         )
@@ -60,7 +60,7 @@ class RequestMoves:
             e.params,
             list(e.logprobs),
             versions,
-            output_mask=list(e.output_mask),
+            loss_mask=list(e.loss_mask),
         )
         if e.kv is not None and e.version == self.version:
             self._take_kv(seq, e.kv)
@@ -110,11 +110,11 @@ class RequestMoves:
         seq.token_ids.extend(context_ids)
         seq.logprobs.extend([0.0] * len(context_ids))
         seq.token_versions.extend([self.version] * len(context_ids))
-        seq.output_mask = mask + [0] * len(context_ids)
+        seq.loss_mask = mask + [0] * len(context_ids)
         self.scheduler.unpark(seq)
         return None
 
-    def output_mask(self, request_id: str) -> list[int]:
+    def loss_mask(self, request_id: str) -> list[int]:
         """Per output token so far: 1 sampled, 0 appended context."""
         return self._seqs[request_id].mask()
 

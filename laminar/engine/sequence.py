@@ -22,7 +22,7 @@ class Sequence:
     token_versions: list[int] = field(default_factory=list)  # weight version that sampled each output token
     # per output token: 1 sampled by the model, 0 appended as context (a tool's output; its log-prob is 0.0
     # and it is never trained on). Empty means all 1 (a request that never resumed with context).
-    output_mask: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
     num_cached: int = 0
     num_prefilled: int = 0  # tokens recomputed by re-prefill (preemption or import), for accounting
@@ -51,8 +51,8 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     def mask(self) -> list[int]:
-        """`output_mask` filled out to every output token."""
-        return self.output_mask + [1] * (self.num_output - len(self.output_mask))
+        """`loss_mask` filled out to every output token."""
+        return self.loss_mask + [1] * (self.num_output - len(self.loss_mask))
 
 
 @dataclass
@@ -80,7 +80,7 @@ class ExportedRequest:
     token_versions: list[int]
     params: SamplingParams
     version: int  # the exporting engine's weight version
-    output_mask: list[int] = field(default_factory=list)  # per output token (see Sequence); [] = all sampled
+    loss_mask: list[int] = field(default_factory=list)  # per output token (see Sequence); [] = all sampled
     parked: bool = False  # it was waiting for a tool: the importer keeps it parked until `resume`
     kv: MovedKV | None = None  # its cached keys and values (`export_request(with_kv=True)`); None: re-prefill
 
@@ -97,7 +97,7 @@ class FinishedRequest:
     )
     token_versions: list[int]
     reprefill_tokens: int = 0
-    output_mask: list[int] = field(default_factory=list)  # per output token (see Sequence); [] = all sampled
+    loss_mask: list[int] = field(default_factory=list)  # per output token (see Sequence); [] = all sampled
 
 
 @dataclass

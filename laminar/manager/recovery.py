@@ -104,7 +104,7 @@ def engine_items(p: Placement, sampling: dict[str, Any], run_seed: int, now: flo
             [v] * len(tokens),
             params,
             v,
-            output_mask=mask,
+            loss_mask=mask,
             parked=tool is not None and tool.parked,
         )
         state = InFlight(g, idx, v, now, list(tokens), list(logprobs), reported=len(tokens), tool=tool)

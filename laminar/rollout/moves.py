@@ -39,7 +39,7 @@ def progress_update(engine: Any, tools: Any, rid: str, reported: int) -> tuple:
     if tools is None:
         return tokens[reported:], logprobs[reported:]
     tool = tools.state(rid)
-    mask = engine.output_mask(rid)[reported:]
+    mask = engine.loss_mask(rid)[reported:]
     return tokens[reported:], logprobs[reported:], mask, tool.as_dict() if tool is not None else None
 
 

@@ -43,7 +43,7 @@ class Storing:
             finish_reason=fin.finish_reason,
             token_versions=list(fin.token_versions) if len(set(fin.token_versions)) > 1 else [],
             reprefill_tokens=fin.reprefill_tokens,
-            loss_mask=list(fin.output_mask),
+            loss_mask=list(fin.loss_mask),
             replica=self.id,
             t_start=state.t_start,
             t_end=time.time(),

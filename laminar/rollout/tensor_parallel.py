@@ -109,7 +109,7 @@ class Leader:
         self.engine, self.channel, self.reader, self.pids = engine, channel, reader, pids
         self.world, self.handles = channel.world, handles
 
-    def __getattr__(self, name: str) -> Any:  # reads: stats, progress, output_mask, version, block_size ...
+    def __getattr__(self, name: str) -> Any:  # reads: stats, progress, loss_mask, version, block_size ...
         return getattr(self.engine, name)
 
     def _all(self, name: str, *args: Any) -> Any:

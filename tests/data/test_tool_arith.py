@@ -160,7 +160,7 @@ def test_a_short_warm_start_calls_the_calculator_through_the_replicas_tool_drive
     assert turns.calls == 2 and turns.errors == 0
     for i in range(len(rows)):
         fin = done[f"r{i}"]
-        mask = fin.output_mask
+        mask = fin.loss_mask
         first_context = mask.index(0)
         call = parse_tool_call(codec.decode(fin.output_token_ids[:first_context]))
         assert call is not None and call.name == "calculator" and not call.error

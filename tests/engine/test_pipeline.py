@@ -73,7 +73,7 @@ def scripted_run(model, pipeline: bool, **engine_kw) -> tuple[list, dict, int]:
 
 def finished_as_tuples(done: dict) -> dict:
     return {
-        rid: (f.output_token_ids, f.token_versions, f.finish_reason, f.output_mask) for rid, f in done.items()
+        rid: (f.output_token_ids, f.token_versions, f.finish_reason, f.loss_mask) for rid, f in done.items()
     }
 
 
@@ -96,7 +96,7 @@ def test_pipelined_steps_equal_the_step_by_step_engine(model, blocks):
     assert_same_log_probs(done_p, done)
     assert set(done) == {f"r{i}" for i in range(10)} - {"r7"}
     assert any(f.finish_reason == "stop" for f in done.values())
-    assert any(0 in f.output_mask for f in done.values()), "some request should have parked and resumed"
+    assert any(0 in f.loss_mask for f in done.values()), "some request should have parked and resumed"
 
 
 def test_a_weight_load_waits_for_the_queued_step_which_keeps_its_version(model):

@@ -111,7 +111,7 @@ def assert_same(done: dict, other: dict) -> None:
         g = other[rid]
         assert f.output_token_ids == g.output_token_ids, rid
         assert f.finish_reason == g.finish_reason, rid
-        assert f.output_mask == g.output_mask, rid
+        assert f.loss_mask == g.loss_mask, rid
         assert max((abs(a - b) for a, b in zip(f.logprobs, g.logprobs)), default=0.0) < 1e-5, rid
 
 
@@ -407,7 +407,7 @@ def test_moves_and_tool_turns_mid_speculation(succ, mode):
     while speculating, a request ends exactly as the same request never moved."""
     still, moved = moved_run(succ, move=False, speculation=mode), moved_run(succ, move=True, speculation=mode)
     assert_same(moved, still)
-    assert any(f.output_mask and 0 in f.output_mask for f in still.values())  # some resumed with context
+    assert any(f.loss_mask and 0 in f.loss_mask for f in still.values())  # some resumed with context
 
 
 def test_preemption_and_short_blocks(succ):

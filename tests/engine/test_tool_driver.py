@@ -73,7 +73,7 @@ def test_a_call_parks_runs_off_the_loop_and_resumes_exactly(model, pipeline):
     want = uninterrupted(model, turn1)
     got = done["r"]
     assert got.output_token_ids == turn1 + TOOL + want.output_token_ids
-    assert got.output_mask == [1] * stop + [0] * len(TOOL) + [1] * len(want.output_token_ids)
+    assert got.loss_mask == [1] * stop + [0] * len(TOOL) + [1] * len(want.output_token_ids)
     assert turns.turns["r"].waited_s >= 0.2
 
 
@@ -89,7 +89,7 @@ def test_max_turns_bounds_the_calls(model):
     engine.add_request("r", PROMPT, replace(PARAMS, max_new_tokens=12))
     done = play(engine, turns)
     assert turns.calls == 2
-    assert done["r"].output_mask.count(0) == 2
+    assert done["r"].loss_mask.count(0) == 2
 
 
 def test_a_call_runs_only_after_its_park_is_recorded(model):
@@ -138,8 +138,8 @@ def test_a_scripted_call_workload_parks_where_the_script_says(model, pipeline):
     n = 12
     engine.add_request("r", PROMPT, replace(PARAMS, max_new_tokens=n + 2 * 4))
     got = play(engine, turns)["r"]
-    assert got.output_mask == [1] * 3 + [0] * 4 + [1] * 4 + [0] * 4 + [1] * 5
-    assert [t for t, m in zip(got.output_token_ids, got.output_mask) if not m] == [9] * 8
+    assert got.loss_mask == [1] * 3 + [0] * 4 + [1] * 4 + [0] * 4 + [1] * 5
+    assert [t for t, m in zip(got.output_token_ids, got.loss_mask) if not m] == [9] * 8
     assert turns.calls == 2 and turns.waited_s() >= 0.06
 
 

@@ -94,15 +94,15 @@ def never_moved(model):
     turns = driver(tool)
     fin = play(start(model), turns)[RID]
     turns.shutdown()
-    assert fin.output_mask.count(0) == 8 and len(tool.calls) == 2  # two turns, each closed by a call
+    assert fin.loss_mask.count(0) == 8 and len(tool.calls) == 2  # two turns, each closed by a call
     return fin, tool.calls
 
 
 def same(got, want) -> None:
     assert got.output_token_ids == want.output_token_ids
-    assert got.output_mask == want.output_mask
+    assert got.loss_mask == want.loss_mask
     assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
-    context = [lp for lp, m in zip(got.logprobs, got.output_mask) if not m]
+    context = [lp for lp, m in zip(got.logprobs, got.loss_mask) if not m]
     assert context == [0.0] * len(context)  # a tool's output is context: no log-prob, never trained on
 
 

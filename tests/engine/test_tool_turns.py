@@ -49,7 +49,7 @@ def test_a_resumed_request_samples_what_an_uninterrupted_one_does_and_prefills_o
     want = uninterrupted(model, turn1)
     n1, n2 = len(turn1), len(TOOL)
     assert done.output_token_ids == turn1 + TOOL + want.output_token_ids
-    assert done.output_mask == [1] * n1 + [0] * n2 + [1] * len(want.output_token_ids)
+    assert done.loss_mask == [1] * n1 + [0] * n2 + [1] * len(want.output_token_ids)
     assert done.logprobs[n1 : n1 + n2] == [0.0] * n2  # context is never given log-probs
     assert done.logprobs[n1 + n2 :] == pytest.approx(want.logprobs, abs=1e-4)
     assert done.reprefill_tokens == 0
@@ -113,7 +113,7 @@ def test_a_parked_request_moves_to_another_engine_and_resumes_there(model):
     dst.resume("r", TOOL)
     got = drain(dst)["r"]
     assert got.output_token_ids == expected.output_token_ids
-    assert got.output_mask == expected.output_mask
+    assert got.loss_mask == expected.loss_mask
 
 
 def test_resume_errors_name_the_request(model):
