@@ -4,13 +4,16 @@ Replicas in their ramp-down tail run a handful of long trajectories and waste th
 trajectories onto fewer replicas of the same weight version frees the rest to pull fresh weights and take new
 prompts. The planner only decides; the manager moves requests with the engine's export/import. Both the
 runtime manager and the simulator call it, so what the simulator predicts is what the runtime does.
+
+A request drafts its speculative tokens from the text of its group's requests on the same replica, so the
+planner keeps the requests of one group on one destination where that costs nothing (`plan_repack`).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,27 @@ class RepackPlan:
 
     moves: tuple[Move, ...] = ()
     released: tuple[int, ...] = ()
+
+
+def group_of_request(request_id: str) -> str | None:
+    """A request's group: the first half of its trajectory id ("GROUP:SAMPLE", `laminar.data.records.traj_id`);
+    None for an id without one, which the planner treats as a group of its own."""
+    group, sep, _ = request_id.partition(":")
+    return group if sep else None
+
+
+def split_groups(loads: Iterable[ReplicaLoad], plan: RepackPlan) -> int:
+    """Groups whose requests are on more than one replica once the plan's moves are made: each such request
+    drafts only from the part of its group its replica holds."""
+    where = {rid: r.replica for r in loads for rid, _ in r.requests}
+    for m in plan.moves:
+        where[m.request_id] = m.destination
+    replicas: dict[str, set[int]] = defaultdict(set)
+    for rid, replica in where.items():
+        group = group_of_request(rid)
+        if group is not None:
+            replicas[group].add(replica)
+    return sum(len(s) > 1 for s in replicas.values())
 
 
 def idle_replicas(
@@ -73,6 +97,7 @@ class _Bin:
     requests: tuple[tuple[str, int], ...]
     released: bool = False
     received: bool = False
+    groups: Counter[str] = field(default_factory=Counter)  # requests it holds of each group
 
 
 Choose = Callable[[list[_Bin], int, int], "_Bin | None"]
@@ -109,6 +134,64 @@ def _first_fit(candidates: list[_Bin], blocks: int, batch_limit_b: int) -> _Bin 
     return None
 
 
+Trial = list[tuple[str, int, _Bin]]
+
+
+def _put(trial: Trial, request_id: str, blocks: int, dest: _Bin) -> None:
+    dest.kv += blocks
+    dest.running += 1
+    group = group_of_request(request_id)
+    if group is not None:
+        dest.groups[group] += 1
+    trial.append((request_id, blocks, dest))
+
+
+def _undo(trial: Trial) -> None:
+    for request_id, blocks, dest in trial:
+        dest.kv -= blocks
+        dest.running -= 1
+        group = group_of_request(request_id)
+        if group is not None:
+            dest.groups[group] -= 1
+
+
+def _place_each(reqs: list[tuple[str, int]], others: list[_Bin], choose: Choose, batch_limit_b: int) -> Trial:
+    """Each request on its own, in order; stops at the first that fits nowhere."""
+    trial: Trial = []
+    for request_id, blocks in reqs:
+        dest = choose(others, blocks, batch_limit_b)
+        if dest is None:
+            break
+        _put(trial, request_id, blocks, dest)
+    return trial
+
+
+def _place_groups(
+    reqs: list[tuple[str, int]], others: list[_Bin], choose: Choose, batch_limit_b: int
+) -> Trial:
+    """Each group of the source whole on one destination, the largest group first: among those that fit it,
+    one that holds most of its siblings already, else the one `choose` picks for the group's blocks. A group
+    that fits on no one destination is placed request by request, as without groups."""
+    units: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for request_id, blocks in reqs:
+        units[group_of_request(request_id) or request_id].append((request_id, blocks))
+    trial: Trial = []
+    for group, members in sorted(units.items(), key=lambda u: (-sum(b for _, b in u[1]), u[0])):
+        n, need = len(members), sum(b for _, b in members)
+        fits = [b for b in others if b.running + n <= batch_limit_b and b.kv + need <= b.kv_max]
+        most = max((b.groups[group] for b in fits), default=0)
+        dest = choose([b for b in fits if b.groups[group] == most], need, batch_limit_b) if fits else None
+        if dest is not None:
+            for request_id, blocks in members:
+                _put(trial, request_id, blocks, dest)
+            continue
+        placed = _place_each(members, others, choose, batch_limit_b)
+        trial += placed
+        if len(placed) < n:
+            break
+    return trial
+
+
 def _pack_group(
     bins: list[_Bin],
     order: Sequence[_Bin],
@@ -116,11 +199,14 @@ def _pack_group(
     batch_limit_b: int,
     largest_first: bool,
     max_released: int,
+    keep_groups: bool = False,
 ) -> list[Move]:
     """Try to empty each source in `order` onto the others; keep a source's moves only if all of them fit.
 
     Free sequence slots and KV room summed over the other replicas bound what a source can shed, which
     skips most hopeless sources without a trial (the simulator calls this for hundreds of replicas).
+    With `keep_groups` a source's groups are placed whole first (`_place_groups`), and only if that fails
+    request by request, so a source that empties without groups still empties.
     """
     moves: list[Move] = []
     slots = sum(batch_limit_b - b.running for b in bins)
@@ -139,14 +225,14 @@ def _pack_group(
         reqs = (
             sorted(source.requests, key=lambda r: (-r[1], r[0])) if largest_first else list(source.requests)
         )
-        trial: list[tuple[str, int, _Bin]] = []
-        for request_id, blocks in reqs:
-            dest = choose(others, blocks, batch_limit_b)
-            if dest is None:
-                break
-            dest.kv += blocks
-            dest.running += 1
-            trial.append((request_id, blocks, dest))
+        trial: Trial = []
+        if keep_groups:
+            trial = _place_groups(reqs, others, choose, batch_limit_b)
+            if len(trial) < len(reqs):
+                _undo(trial)
+                trial = []
+        if not trial:
+            trial = _place_each(reqs, others, choose, batch_limit_b)
         if len(trial) == len(reqs):
             source.released = True
             released += 1
@@ -156,15 +242,20 @@ def _pack_group(
                 dest.received = True
                 moves.append(Move(request_id, source.replica, dest.replica))
         else:
-            for _, blocks, dest in trial:
-                dest.kv -= blocks
-                dest.running -= 1
+            _undo(trial)
     return moves
 
 
 def _bins(group: Sequence[ReplicaLoad], kv_capacity_frac: float) -> list[_Bin]:
     return [
-        _Bin(r.replica, r.kv_blocks_used, r.running, kv_capacity_frac * r.kv_blocks_total, r.requests)
+        _Bin(
+            r.replica,
+            r.kv_blocks_used,
+            r.running,
+            kv_capacity_frac * r.kv_blocks_total,
+            r.requests,
+            groups=Counter(g for rid, _ in r.requests if (g := group_of_request(rid)) is not None),
+        )
         for r in group
     ]
 
@@ -180,6 +271,7 @@ def _plan(
     newest_first: bool = False,
     min_version: int | None = None,
     ramp_down_frac: float = 1.0,
+    keep_groups: bool = False,
 ) -> RepackPlan:
     if batch_limit_b < 1:
         raise ValueError(f"batch_limit_b={batch_limit_b} must be >= 1")
@@ -201,7 +293,9 @@ def _plan(
             continue
         bins = _bins(groups[version], kv_capacity_frac)
         order = sorted(bins, key=lambda b: (b.kv, b.running, b.replica)) if sort_sources else bins
-        moves += _pack_group(bins, order, choose, batch_limit_b, largest_first, budget - len(released))
+        moves += _pack_group(
+            bins, order, choose, batch_limit_b, largest_first, budget - len(released), keep_groups
+        )
         released += [b.replica for b in bins if b.released]
     return RepackPlan(tuple(moves), tuple(sorted(released)))
 
@@ -216,6 +310,7 @@ def plan_repack(
     min_version: int | None = None,
     capped_batch_limit_b: int = 0,
     ramp_down_frac: float = 1.0,
+    keep_groups: bool = True,
 ) -> RepackPlan:
     """Best-fit repack inside each weight-version group, maximising the replicas released.
 
@@ -240,6 +335,15 @@ def plan_repack(
     `ramp_down_frac` (1.0 = any drop): a replica is a source only once its KV has fallen below this share of
     its batch's peak. With small batches far below B, every replica qualifies as soon as its first request
     finishes, and a group moved that early pays the move for most of its life.
+
+    `keep_groups`: a request drafts its speculative tokens only from the part of its group (the requests of
+    one prompt, `group_of_request`) that its replica holds, so the planner also plans each source's groups
+    whole, onto a destination that holds their siblings where one fits, and takes that plan when it leaves
+    fewer groups split (`split_groups`) while releasing as many replicas with no more moves and no more KV
+    blocks moved; else it keeps the plan without groups. It is on whatever `rollout.speculation` says: the
+    plan is never worse by what repack is judged on (replicas freed, requests and tokens moved, C_max, B),
+    and the planner's time at most doubles, only in rounds whose plan would leave a group split.
+    `keep_groups=False` gives the plan without groups, to compare.
     """
     loads = list(loads)
     if capped_batch_limit_b and max_released is not None:
@@ -252,12 +356,34 @@ def plan_repack(
         "min_version": min_version,
         "ramp_down_frac": ramp_down_frac,
     }
-    plans = [_plan(*args, _best_fit, sort_sources=True, largest_first=True, **order)]
-    if max_released is not None and len(plans[0].released) >= max_released:
-        return plans[0]  # nothing can release more
-    plans.append(_plan(*args, _best_fit_relative, sort_sources=True, largest_first=True, **order))
-    plans.append(_plan(*args, _first_fit, sort_sources=False, largest_first=False, **order))
-    return max(plans, key=lambda p: (len(p.released), -len(p.moves)))
+
+    def best(grouped: bool) -> RepackPlan:
+        kw = {**order, "keep_groups": grouped}
+        plans = [_plan(*args, _best_fit, sort_sources=True, largest_first=True, **kw)]
+        if max_released is not None and len(plans[0].released) >= max_released:
+            return plans[0]  # nothing can release more
+        plans.append(_plan(*args, _best_fit_relative, sort_sources=True, largest_first=True, **kw))
+        plans.append(_plan(*args, _first_fit, sort_sources=False, largest_first=False, **kw))
+        return max(plans, key=lambda p: (len(p.released), -len(p.moves)))
+
+    plan = best(False)
+    if not keep_groups or not plan.moves or (split := split_groups(loads, plan)) == 0:
+        return plan
+    grouped = best(True)
+    if (
+        len(grouped.released) >= len(plan.released)
+        and len(grouped.moves) <= len(plan.moves)
+        and _blocks(loads, grouped) <= _blocks(loads, plan)
+        and split_groups(loads, grouped) < split
+    ):
+        return grouped
+    return plan
+
+
+def _blocks(loads: Sequence[ReplicaLoad], plan: RepackPlan) -> int:
+    """KV blocks the plan moves: the tokens it sends (or prefills again)."""
+    blocks = {rid: b for r in loads for rid, b in r.requests}
+    return sum(blocks[m.request_id] for m in plan.moves)
 
 
 def plan_first_fit(

@@ -17,7 +17,7 @@ import ray
 from laminar.config import RepackConfig
 from laminar.data.records import PromptGroup
 from laminar.manager.fleet import Fleet
-from laminar.manager.repack import ReplicaLoad, plan_repack
+from laminar.manager.repack import ReplicaLoad, plan_repack, split_groups
 from laminar.rollout.inflight import InFlight
 
 log = logging.getLogger(__name__)
@@ -33,9 +33,12 @@ class RepackStats:
     )
     orphaned: int = 0  # refused by the source too (it had moved on to newer weights): placed by recovery
     overhead_s: list[float] = field(default_factory=list)
+    # after each round that moved something, the groups left on more than one replica by its plan (each such
+    # request drafts its speculative tokens from its own replica's part of the group only)
+    split_groups: list[int] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        o = self.overhead_s
+        o, s = self.overhead_s, self.split_groups
         return {
             "count": self.count,
             "moved": self.moved,
@@ -43,6 +46,11 @@ class RepackStats:
             "refused": self.refused,
             "orphaned": self.orphaned,
             "overhead_s": {"mean": sum(o) / len(o) if o else 0.0, "max": max(o) if o else 0.0},
+            "split_groups": {
+                "mean": sum(s) / len(s) if s else 0.0,
+                "max": max(s) if s else 0,
+                "last": s[-1] if s else 0,
+            },
         }
 
 
@@ -94,8 +102,9 @@ async def repack_once(
     Nothing exported is dropped: what the destination refuses goes back to its source, and what the source
     refuses too comes back as `orphans` for the recovery path."""
     t0 = time.perf_counter()
+    loads = [load_of(s) for s in snapshots]
     plan = plan_repack(
-        [load_of(s) for s in snapshots],
+        loads,
         batch_limit_b=batch_limit_b,
         kv_capacity_frac=kv_capacity,
         max_released=max_released,
@@ -143,6 +152,7 @@ async def repack_once(
         stats.count += 1
         stats.released += len(set(plan.released) - kept_back)
         stats.overhead_s.append(time.perf_counter() - t0)
+        stats.split_groups.append(split_groups(loads, plan))
     return out
 
 

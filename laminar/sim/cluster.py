@@ -57,6 +57,7 @@ class Record:
     repacks: int = 0
     moved: int = 0
     released: int = 0
+    split_groups: int = 0  # summed over repacks: the groups each left on more than one replica
     repack_plan_s: float = 0.0
     recovered: int = 0
     restarted: int = 0
@@ -340,5 +341,10 @@ class Cluster:
             "busy": [Busy(**{k: getattr(r.busy, k) for k in Busy.__slots__}) for r in self.replicas],
             "trainer": TrainerTime(**vars(self.trainer_time)),
             "reprefill": self.record.reprefill_tokens,
-            "repacks": (self.record.repacks, self.record.moved, self.record.released),
+            "repacks": (
+                self.record.repacks,
+                self.record.moved,
+                self.record.released,
+                self.record.split_groups,
+            ),
         }

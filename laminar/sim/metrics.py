@@ -38,8 +38,8 @@ def summarise(c: Cluster, wall_s: float | None = None) -> dict[str, Any]:
     }
     trainer["waiting"] = max(0.0, 1.0 - sum(trainer.values()))
     tokens = sum(rec.step_tokens[cfg.warmup_steps :])
-    repacks, moved, released = (
-        a - b for a, b in zip((rec.repacks, rec.moved, rec.released), start["repacks"])
+    repacks, moved, released, split = (
+        a - b for a, b in zip((rec.repacks, rec.moved, rec.released, rec.split_groups), start["repacks"])
     )
     return {
         "schedule": cfg.schedule,
@@ -67,6 +67,7 @@ def summarise(c: Cluster, wall_s: float | None = None) -> dict[str, Any]:
             "count": repacks,
             "moved": moved,
             "released": released,
+            "split_groups": split / repacks if repacks else 0.0,  # a repack's, on average
             "overhead_s": repacks * c.cost.repack_overhead_s,
         },
         "weight_updates": rec.weight_updates,

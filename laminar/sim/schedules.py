@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 
 from laminar.configure import load_config
+from laminar.data.records import traj_id
 from laminar.manager.recovery import choose_target
-from laminar.manager.repack import ReplicaLoad, plan_repack
+from laminar.manager.repack import ReplicaLoad, plan_repack, split_groups
 from laminar.schedules.schedule import Schedule
 from laminar.sim.cluster import Cluster
 from laminar.sim.config import ABLATIONS
@@ -242,12 +243,12 @@ class RuntimeLoop(Base):
             if r.kv_used >= r.peak_kv:
                 continue
             requests = []
-            for t in r.running:
-                requests.append((str(t.tid), math.ceil(r.context(t) / block)))
-                trajs[str(t.tid)] = t
+            for t in r.running:  # ids name the group, as the runtime's do: repack keeps groups together
+                requests.append((traj_id(t.group.gid, t.tid), math.ceil(r.context(t) / block)))
+                trajs[requests[-1][0]] = t
             for t in r.parked:
-                requests.append((str(t.tid), math.ceil((t.prompt + t.generated) / block)))
-                trajs[str(t.tid)] = t
+                requests.append((traj_id(t.group.gid, t.tid), math.ceil((t.prompt + t.generated) / block)))
+                trajs[requests[-1][0]] = t
             used = sum(b for _, b in requests)
             peak = max(used + 1, math.ceil(r.peak_kv / block))
             loads.append(
@@ -274,6 +275,7 @@ class RuntimeLoop(Base):
         rec.repacks += 1
         rec.moved += len(plan.moves)
         rec.released += len(plan.released)
+        rec.split_groups += split_groups(loads, plan)
         incoming: dict[int, list[Traj]] = {}
         for move in plan.moves:
             traj = trajs[move.request_id]

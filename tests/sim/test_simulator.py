@@ -80,6 +80,16 @@ def test_one_replica_never_repacks() -> None:
     assert summary["repacks"]["count"] == 0
 
 
+def test_repack_reports_the_groups_it_leaves_split() -> None:
+    """The simulator asks the runtime's planner with ids that name each request's group, so the planner keeps
+    groups together there too; the summary has a round's mean of groups left on more than one replica (1.5 in
+    this run with `keep_groups=False`)."""
+    cfg = SimConfig(gpus=64, model="7B", groups_per_step=64, group_size=8, steps=8, warmup_steps=2)
+    summary, _ = simulate(cfg.with_(schedule="laminar"))
+    assert summary["repacks"]["count"] > 0
+    assert summary["repacks"]["split_groups"] == 0.0
+
+
 def test_deterministic() -> None:
     a, _ = simulate(SMALL.with_(schedule="laminar"))
     b, _ = simulate(SMALL.with_(schedule="laminar"))
