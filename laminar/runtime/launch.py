@@ -25,6 +25,18 @@ from laminar.trainer.grpo import informative
 
 
 @dataclass
+class Batch:
+    """What one `take` hands the step that trains on it."""
+
+    groups: list[list[Trajectory]]  # the groups the step trains on
+    t_taken: float  # when the last of them came from the buffer
+    filtered: list[list[Trajectory]] = field(
+        default_factory=list
+    )  # set aside by filter_groups: consumed, untrained
+    consumed_early: int = 0  # of the batch's groups, those the manager was already told were consumed
+
+
+@dataclass
 class Runtime(Lifetime):
     cfg: Config
     model_path: str
@@ -44,9 +56,6 @@ class Runtime(Lifetime):
     trainer_spec: tuple[dict[str, Any], Any] | None = None
     last_checkpoint: Path | None = None
     since_checkpoint: list[list[list[Trajectory]]] = field(default_factory=list)  # batches to replay
-    filtered: list[list[Trajectory]] = field(default_factory=list)  # set aside by `take`, recorded by `train`
-    consumed_early: int = 0  # groups of the coming step already counted as consumed by the manager
-    t_taken: float = 0.0  # when the last batch came from the buffer
     evaluator: Evaluator | None = None
     end_ids: tuple[int, ...] = ()  # every token that ends a response: the model's, the tokenizer's, the run's
     failing_rewards: FailingRewards = field(default_factory=lambda: FailingRewards(0))  # the stop rule
@@ -59,7 +68,7 @@ class Runtime(Lifetime):
 
     # ---- start ---------------------------------------------------------------------------------------------
     # ---- the operations schedules are made of --------------------------------------------------------------
-    def take(self, count: int, group_ids: range | None = None) -> list[list[Trajectory]]:
+    def take(self, count: int, group_ids: range | None = None) -> Batch:
         """Complete groups from the experience buffer, waiting for them with the run's timeout: FIFO by
         completion, or exactly `group_ids` (a whole batch in dispatch order, for the bounded schedules).
 
@@ -68,22 +77,23 @@ class Runtime(Lifetime):
         `trainer.filter_take_limit` x `count` groups were taken; then the step trains on what there is (all of
         the last `count` taken if none differ), and a `filter_short` record says so. A batch in dispatch order
         is filtered but not refilled: the dispatch bound fixes its groups."""
-        groups = self._take(count, group_ids)
+        groups, t_taken = self._take(count, group_ids)
+        batch = Batch(groups, t_taken)
         if not self.cfg.trainer.filter_groups:
-            return groups
+            return batch
         kept, taken, limit = [], 0, self.cfg.trainer.filter_take_limit * count
         while True:
             taken += len(groups)
             dropped = [g for g in groups if not informative([t.reward for t in g])]
             kept += [g for g in groups if informative([t.reward for t in g])]
             if dropped:  # consumed now, so the dispatch bound makes room for the groups that replace them
-                self.filtered += dropped
-                self.consumed_early += len(dropped)
+                batch.filtered += dropped
+                batch.consumed_early += len(dropped)
                 self.consumed += len(dropped)
                 self.manager.trainer_update.remote(self.version, self.consumed)
             if len(kept) >= count or group_ids is not None or taken >= limit:
                 break
-            groups = self._take(min(count - len(kept), limit - taken))
+            groups, batch.t_taken = self._take(min(count - len(kept), limit - taken))
         if len(kept) < count:
             self.recorder.log(
                 "filter_short",
@@ -94,10 +104,12 @@ class Runtime(Lifetime):
                 why="trainer.filter_take_limit" if group_ids is None else "a batch in dispatch order",
             )
             if not kept:
-                kept, self.filtered = self.filtered[-count:], self.filtered[:-count]
-        return kept
+                kept, batch.filtered = batch.filtered[-count:], batch.filtered[:-count]
+        batch.groups = kept
+        return batch
 
-    def _take(self, count: int, group_ids: range | None = None) -> list[list[Trajectory]]:
+    def _take(self, count: int, group_ids: range | None = None) -> tuple[list[list[Trajectory]], float]:
+        """`count` groups from the buffer (these ids, with `group_ids`) and when they came."""
         ids = None if group_ids is None else list(group_ids)
         self.takes += 1
         ref = self.buffer.take.remote(count, self.version, self.cfg.run.timeout_s, ids, self.takes)
@@ -107,9 +119,9 @@ class Runtime(Lifetime):
             if self.evaluator is not None:
                 self.evaluator.poll()
         groups = ray.get(ref)
-        self.t_taken = time.time()
+        t_taken = time.time()
         self.failing_rewards.see(groups)  # raises RewardFailure before a step trains on nothing but failures
-        return groups
+        return groups, t_taken
 
     def follow_master(self) -> None:
         """Take the manager's relay chain as it stands. After it replaced a dead master relay: publish into the
@@ -155,9 +167,11 @@ class Runtime(Lifetime):
                 self.control_pids[name] = pid
                 self.recorder.log("failure", what=name, replaced=True, version=self.version)
 
-    def train(self, groups: list[list[Trajectory]], push: bool = False) -> dict[str, Any]:
-        """One trainer step plus its publish; logs the step and tells the manager. `push` makes the publish a
-        global push: the step ends only when every relay holds the new version (the baselines' broadcast)."""
+    def train(self, batch: Batch, push: bool = False) -> dict[str, Any]:
+        """One trainer step on `batch` plus its publish; logs the step and tells the manager. `push` makes the
+        publish a global push: the step ends only when every relay holds the new version (the baselines'
+        broadcast)."""
+        groups, filtered = batch.groups, batch.filtered
         try:
             m = self.trainer.call("step", groups, timeout=self.cfg.run.timeout_s * 5)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
@@ -166,7 +180,6 @@ class Runtime(Lifetime):
         # The step is committed by the last line below (`self.version = v`): an interrupt anywhere before it
         # leaves the run's record one version behind the trainer, and `checkpoint` refuses to write that.
         v = m["version"]
-        filtered = self.filtered
         self.since_checkpoint.append(groups)
         self.buffer.trained.remote([g[0].group_id for g in groups + filtered])
         self.follow_master()  # and the chain as it stands (a relay may have died meanwhile)
@@ -184,7 +197,7 @@ class Runtime(Lifetime):
             ):  # a relay died: the manager rebuilt the chain
                 self.relays = ray.get(self.manager.chain.remote(), timeout=self.cfg.run.timeout_s)
             m["stall_s"] += time.time() - t
-        self.consumed += len(groups) + len(filtered) - self.consumed_early
+        self.consumed += len(groups) + len(filtered) - batch.consumed_early
         self.manager.trainer_update.remote(v, self.consumed)
         if self.cfg.run.save_trajectories:
             write_trajectories(self.recorder.out_dir, groups, v, filtered, self.codec.response_text)
@@ -196,13 +209,14 @@ class Runtime(Lifetime):
             m["filtered_ids"] = [t.traj_id for g in filtered for t in g]
         # where a step's time goes between its last sample and its update
         t_gen_end = max((t.t_end for g in groups for t in g), default=m["t_start"])
-        m["scored_to_taken_s"] = round(self.t_taken - t_gen_end, 4)  # scoring, buffer, transfer to the driver
-        m["taken_to_trainer_s"] = round(m["t_start"] - self.t_taken, 4)  # the batch's way to the trainer
+        m["scored_to_taken_s"] = round(
+            batch.t_taken - t_gen_end, 4
+        )  # scoring, buffer, transfer to the driver
+        m["taken_to_trainer_s"] = round(m["t_start"] - batch.t_taken, 4)  # the batch's way to the trainer
         rec.log("step", step=v, **{k: x for k, x in m.items() if k not in ("t_start", "t_publish")})
         if due(self.cfg.run.samples_every, v):
             rec.samples(v, sample_rows(groups, v, self.cfg.run.samples_per_step, self.codec))
         self.trained_ids.update(traj_ids)
-        self.filtered, self.consumed_early = [], 0
         self.version = v
         self.collect()
         if self.evaluator is not None:

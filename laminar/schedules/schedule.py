@@ -38,12 +38,13 @@ class Run(Protocol):
     cfg: Config
     version: int  # the newest version trained
 
-    def take(self, count: int, group_ids: range | None = None) -> list[Any]:
-        """`count` complete groups from the buffer: these ids, in order, or what its sampler picks."""
+    def take(self, count: int, group_ids: range | None = None) -> Any:
+        """A batch of `count` complete groups from the buffer: these ids, in order, or what its sampler picks
+        (`laminar.runtime.launch.Batch`: the groups and what the step must know of how they were taken)."""
         ...
 
-    def train(self, groups: list[Any], push: bool = False) -> dict[str, Any]:
-        """One step on `groups`, then the publish (a global push when `push`); the step's metrics."""
+    def train(self, batch: Any, push: bool = False) -> dict[str, Any]:
+        """One step on `batch`, then the publish (a global push when `push`); the step's metrics."""
         ...
 
 
