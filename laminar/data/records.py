@@ -83,3 +83,63 @@ class Trajectory:
     @property
     def versions(self) -> set[int]:
         return set(self.token_versions) if self.token_versions else {self.version}
+
+
+@dataclass
+class ReplicaSnapshot:
+    """A replica's state as it reports it (each heartbeat, and whenever the manager looks): the one shape the
+    replica writes and the dispatcher, repack, the supervisor and the run log read (`row`)."""
+
+    replica: int
+    version: int = 0  # the weights it generates with
+    waiting: int = 0  # requests not yet in the batch
+    running: int = 0  # requests in the batch
+    parked: int = 0  # waiting for a tool call: out of the batch, still this replica's work
+    kv_used: int = 0  # KV blocks held now, of `kv_total`; `peak_kv` the most since the last batch began
+    kv_total: int = 0
+    peak_kv: int = 0
+    tokens_generated: int = 0
+    busy_s: float = 0.0  # seconds its loop has spent stepping the engine
+    inflight: list[str] = field(default_factory=list)  # trajectory ids it holds (evaluation ones left out)
+    finishing: list[str] = field(default_factory=list)  # finished, being scored and stored
+    requests: list[tuple[str, int]] = field(default_factory=list)  # (id, KV blocks): what repack must place
+    # pipelined decode: steps queued before the last one's tokens were known, and their dropped rows
+    decode_steps: int = 0
+    queued_ahead: int = 0
+    dropped_rows: int = 0
+    # speculation: decode steps that verified drafts, requests in them with a draft, the draft tokens verified
+    # and accepted, the tokens those requests emitted, and the host's seconds drafting
+    verify_steps: int = 0
+    draft_rows: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_tokens: int = 0
+    draft_s: float = 0.0
+    # auto's gate: decode steps by its decision, its measured ms an emitted token per path and batch
+    gate_steps: dict[str, int] = field(default_factory=dict)
+    gate_ms_per_token: dict[str, Any] = field(default_factory=dict)
+    tool_reruns: int = 0
+    # with tools: calls made here and their total wait for a free tool worker (`task.tool_workers`)
+    tool_calls: int | None = None
+    tool_queued_s: float | None = None
+    error: str | None = None  # its loop's traceback once the loop has died
+    error_line: str = ""
+    error_kind: str = ""
+    reward_errors: list[dict[str, Any]] = field(default_factory=list)  # scored since the last heartbeat
+
+    @property
+    def busy(self) -> bool:
+        return self.running + self.waiting > 0
+
+    @property
+    def live(self) -> bool:
+        """Its loop runs and its state was read (replica -1 stands for one whose answer was an error of the
+        call's own: alive, its state unknown)."""
+        return self.replica >= 0 and not self.error
+
+    def row(self) -> dict[str, Any]:
+        """Its record in the run log's replica timeline: the counters, not the ids it holds or its errors."""
+        skip = ("inflight", "finishing", "error", "error_line", "error_kind", "reward_errors")
+        row = {k: v for k, v in vars(self).items() if k not in skip and v is not None}
+        row["busy"] = self.busy
+        return row

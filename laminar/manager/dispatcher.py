@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from laminar.data.records import PromptGroup
+from laminar.data.records import PromptGroup, ReplicaSnapshot
 from laminar.manager.fleet import Fleet
 from laminar.schedules.dispatch import Dispatch
 
@@ -221,16 +221,12 @@ class Dispatcher:
             self.fleet.oldest_owed(),
         )
 
-    def heartbeat(self, snapshot: dict[str, Any], t: float) -> None:
-        rid = snapshot["replica"]
-        for err in snapshot.get("reward_errors", ()):
+    def heartbeat(self, snapshot: ReplicaSnapshot, t: float) -> None:
+        rid = snapshot.replica
+        for err in snapshot.reward_errors:
             key = f"reward_error/{rid}/{t}/{err.get('traj_id')}"  # a heartbeat sent twice logs it once
             self.fleet.event("reward_error", key=key, t=t, replica=rid, **err)
-        skip = ("inflight", "finishing", "error", "error_line", "error_kind", "reward_errors")
-        row = {k: v for k, v in snapshot.items() if k not in skip}
-        row["t"] = t - self.fleet.t0
-        row["busy"] = snapshot["running"] + snapshot["waiting"] > 0
-        self.timeline.append(row)
+        self.timeline.append({**snapshot.row(), "t": t - self.fleet.t0})
 
     def record_pull(self, replica: int, version: int, seconds: float, t: float) -> None:
         key = f"pull/{replica}/{version}"

@@ -24,7 +24,7 @@ from typing import Any
 
 import ray
 
-from laminar.data.records import PromptGroup
+from laminar.data.records import PromptGroup, ReplicaSnapshot
 from laminar.journal import Journal
 from laminar.manager.dispatcher import Dispatcher
 from laminar.manager.fleet import Fleet
@@ -148,7 +148,7 @@ class RolloutManager:
             return []
         return await self.dispatcher.next_work(replica, version, request)
 
-    def heartbeat(self, snapshot: dict[str, Any], t: float) -> None:
+    def heartbeat(self, snapshot: ReplicaSnapshot, t: float) -> None:
         self.dispatcher.heartbeat(snapshot, t)
 
     def record_pull(self, replica: int, version: int, seconds: float, t: float) -> None:

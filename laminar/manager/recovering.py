@@ -53,7 +53,7 @@ class Recovering:
             )
             # one that does not answer in time (hung, or its machine going) takes nothing: the watch deals with it
             snaps = await asyncio.gather(*[self._snapshot_of(h) for h in fleet.handles.values()])
-            live = {s["replica"]: s["version"] for s in snaps if s and not s.get("error")}
+            live = {s.replica: s.version for s in snaps if s is not None and s.live}
             if not live:
                 raise NoLiveReplica(f"no live replica is left to take the work of groups {sorted(pending)}")
             pending = set()

@@ -15,7 +15,7 @@ from typing import Any
 import ray
 
 from laminar.config import RepackConfig
-from laminar.data.records import PromptGroup
+from laminar.data.records import PromptGroup, ReplicaSnapshot
 from laminar.manager.fleet import Fleet
 from laminar.manager.repack import ReplicaLoad, plan_repack, split_groups
 from laminar.rollout.inflight import InFlight
@@ -61,16 +61,16 @@ class RepackRound:
     orphans: list[tuple[Any, InFlight]] = field(default_factory=list)  # taken by neither end: for recovery
 
 
-def load_of(snapshot: dict[str, Any]) -> ReplicaLoad:
+def load_of(snapshot: ReplicaSnapshot) -> ReplicaLoad:
     return ReplicaLoad(
-        replica=snapshot["replica"],
-        version=snapshot["version"],
-        waiting=snapshot["waiting"],
-        running=snapshot["running"] + snapshot.get("parked", 0),  # a request waiting for its tool moves too
-        kv_blocks_used=snapshot["kv_used"],
-        kv_blocks_total=snapshot["kv_total"],
-        peak_kv_blocks=snapshot["peak_kv"],
-        requests=tuple((rid, b) for rid, b in snapshot["requests"] if b > 0),
+        replica=snapshot.replica,
+        version=snapshot.version,
+        waiting=snapshot.waiting,
+        running=snapshot.running + snapshot.parked,  # a request waiting for its tool moves too
+        kv_blocks_used=snapshot.kv_used,
+        kv_blocks_total=snapshot.kv_total,
+        peak_kv_blocks=snapshot.peak_kv,
+        requests=tuple((rid, b) for rid, b in snapshot.requests if b > 0),
     )
 
 
@@ -162,7 +162,7 @@ async def _still_holds(handle: Any, rids: set[str]) -> bool:
         snap = await handle.snapshot.remote()
     except ray.exceptions.RayError:
         return False  # it died: recovery owns its work
-    return bool(rids & set(snap.get("inflight", ())))
+    return bool(rids & set(snap.inflight))
 
 
 class RepackLoop:
@@ -231,7 +231,7 @@ class RepackLoop:
         )
         done = await repack_once(
             fleet.handles,
-            [s for s in snaps if isinstance(s, dict) and not s.get("error")],
+            [s for s in snaps if isinstance(s, ReplicaSnapshot) and not s.error],
             batch_limit_b=self.settings.batch_limit_b,
             kv_capacity=self.settings.kv_capacity,
             stats=self.stats,

@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 
+from laminar.data.records import ReplicaSnapshot
 from laminar.manager.fleet import Fleet
 from laminar.manager.recovering import NoLiveReplica, Recovering
 from laminar.manager.relay_repair import MachineLost, RelayRepair
@@ -146,7 +147,7 @@ class Supervisor(Recovering, RelayRepair):
         for rid, snapshot in zip(rids, snapshots):
             if snapshot is None:
                 dead.append(rid)
-            elif snapshot.get("error"):
+            elif snapshot.error:
                 self.replica_error(snapshot)
                 dead.append(rid)
         if self.fatal is None or not replace:
@@ -225,13 +226,9 @@ class Supervisor(Recovering, RelayRepair):
             entries = await self.partial_pool.entries.remote()
             rids = list(fleet.handles)
             snaps = await asyncio.gather(*[self._snapshot_of(fleet.handles[rid]) for rid in rids])
-            answered = {rid for rid, s in zip(rids, snaps) if s and not s.get("error")}
-            held = {
-                tid: s["replica"]
-                for s in snaps
-                if s and not s.get("error")
-                for tid in [*s["inflight"], *s.get("finishing", ())]
-            }
+            read = [s for s in snaps if s is not None and s.live]
+            answered = {s.replica for s in read}
+            held = {tid: s.replica for s in read for tid in [*s.inflight, *s.finishing]}
             ours = [e for e in entries if e.replica in answered]
             for e in ours:
                 if e.traj_id in held and held[e.traj_id] != e.replica:
@@ -245,14 +242,15 @@ class Supervisor(Recovering, RelayRepair):
             placed = await self.place(homeless, {e.group_id: e.group() for e in homeless})
             fleet.event("recovery", orphans=len(homeless), **placed)
 
-    async def _snapshot_of(self, handle: Any) -> dict[str, Any] | None:
-        """A replica's snapshot; None if it does not answer in time ({} if it answered with an error)."""
+    async def _snapshot_of(self, handle: Any) -> ReplicaSnapshot | None:
+        """A replica's snapshot; None if it does not answer in time (one with its id unknown, -1, and no error
+        if it answered with an error of the call's own: alive)."""
         try:
             return await asyncio.wait_for(handle.snapshot.remote(), self.watch.dead_after_s)
         except UNREACHABLE:
             return None  # dead, or unreachable (its machine is gone) for as long as we wait
         except ray.exceptions.RayTaskError:
-            return {}
+            return ReplicaSnapshot(-1)
 
     async def _answers(self, ref: Any) -> bool:
         try:
@@ -263,19 +261,15 @@ class Supervisor(Recovering, RelayRepair):
         except ray.exceptions.RayTaskError:
             return True  # it answered, with an error of its own: alive
 
-    def replica_error(self, snapshot: dict[str, Any]) -> None:
+    def replica_error(self, snapshot: ReplicaSnapshot) -> None:
         """Log a dead loop's traceback; the same error `max_failures_in_a_row` times in a row is fatal."""
-        line, rid = snapshot.get("error_line") or "unknown error", snapshot["replica"]
-        kind = snapshot.get("error_kind", "")
-        for err in snapshot.get(
-            "reward_errors", ()
-        ):  # scored before the loop died, never sent with a heartbeat
+        line, rid = snapshot.error_line or "unknown error", snapshot.replica
+        kind = snapshot.error_kind
+        for err in snapshot.reward_errors:  # scored before the loop died, never sent with a heartbeat
             self.fleet.event(
                 "reward_error", key=f"reward_error/{rid}/dead/{err.get('traj_id')}", replica=rid, **err
             )
-        self.fleet.event(
-            "replica_error", replica=rid, error=line, error_kind=kind, traceback=snapshot["error"]
-        )
+        self.fleet.event("replica_error", replica=rid, error=line, error_kind=kind, traceback=snapshot.error)
         self.change("error", signature=kind or line)
         n = self.watch.max_failures_in_a_row
         if repeated_failure(self.error_signatures, n):

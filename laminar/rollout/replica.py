@@ -23,7 +23,7 @@ from typing import Any
 import ray
 import torch
 
-from laminar.data.records import PromptGroup, Trajectory, is_eval
+from laminar.data.records import PromptGroup, ReplicaSnapshot, Trajectory, is_eval
 from laminar.rewards.loader import ScoringPool
 from laminar.rollout.inflight import InFlight, sample_seed
 from laminar.rollout.moves import Moves, progress_update
@@ -135,7 +135,7 @@ class RolloutReplica(Moves, Storing):
         self.commands.put(cmd)
         return cmd.done.result(timeout=timeout_s or self.timeout_s)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> ReplicaSnapshot:
         """The replica's state. Once its loop has died no heartbeat will send the reward errors scored since
         the last one, so the snapshot takes them (the supervisor logs them with the loop's error)."""
         for _ in range(3):  # read from another thread than the loop's; retry if it changed under us
@@ -147,56 +147,49 @@ class RolloutReplica(Moves, Storing):
         else:
             snap = self._snapshot()
         if self.error is not None:
-            snap["reward_errors"] = self.scorer.drain_errors()
+            snap.reward_errors = self.scorer.drain_errors()
         return snap
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _snapshot(self) -> ReplicaSnapshot:
         stats = self.engine.stats()
-        return {
-            "replica": self.id,
-            "version": stats.version,
-            "waiting": stats.waiting,
-            "running": stats.running,
-            "parked": stats.parked,  # waiting for a tool call: out of the batch, still this replica's work
-            "kv_used": stats.kv_blocks_used,
-            "kv_total": stats.kv_blocks_total,
-            "peak_kv": stats.peak_kv_blocks,
-            "tokens_generated": self.tokens_generated,
-            "busy_s": round(self.busy_s, 4),
-            "inflight": sorted(r for r, st in self.inflight.items() if not is_eval(st.group.group_id)),
-            "finishing": sorted(self.finishing),  # read after `inflight`: `_finish` adds here before it pops
-            # evaluation requests finish where they started: repack never moves them
-            "requests": [  # parked ones too: an export waits for their calls
+        return ReplicaSnapshot(
+            replica=self.id,
+            version=stats.version,
+            waiting=stats.waiting,
+            running=stats.running,
+            parked=stats.parked,
+            kv_used=stats.kv_blocks_used,
+            kv_total=stats.kv_blocks_total,
+            peak_kv=stats.peak_kv_blocks,
+            tokens_generated=self.tokens_generated,
+            busy_s=round(self.busy_s, 4),
+            inflight=sorted(r for r, st in self.inflight.items() if not is_eval(st.group.group_id)),
+            finishing=sorted(self.finishing),  # read after `inflight`: `_finish` adds here before it pops
+            # evaluation requests finish where they started: repack never moves them; parked ones are listed
+            # too (an export waits for their calls)
+            requests=[
                 (rid, self._blocks(rid))
                 for rid, st in sorted(self.inflight.items())
                 if not is_eval(st.group.group_id)
             ],
-            # pipelined decode: steps queued before the last one's tokens were known, and their dropped rows
-            "decode_steps": stats.decode_steps,
-            "queued_ahead": stats.queued_ahead,
-            "dropped_rows": stats.dropped_rows,
-            # speculation: decode steps that verified drafts, requests in them with a draft, the draft tokens
-            # verified and accepted, the tokens those requests emitted, and the host's seconds drafting
-            "verify_steps": stats.verify_steps,
-            "draft_rows": stats.draft_rows,
-            "draft_tokens": stats.draft_tokens,
-            "accepted_tokens": stats.accepted_tokens,
-            "verify_tokens": stats.verify_tokens,
-            "draft_s": round(stats.draft_s, 4),
-            # auto's gate: decode steps by its decision, its measured ms an emitted token per path and batch
-            "gate_steps": stats.gate_steps,
-            "gate_ms_per_token": stats.gate_ms_per_token,
-            "tool_reruns": self.tools.reruns if self.tools is not None else 0,
-            # calls made here and their total wait for a free tool worker (`task.tool_workers`)
-            **(
-                {"tool_calls": self.tools.calls, "tool_queued_s": round(self.tools.queued_s, 4)}
-                if self.tools is not None
-                else {}
-            ),
-            "error": self.error,
-            "error_line": self.error_line,
-            "error_kind": self.error_kind,
-        }
+            decode_steps=stats.decode_steps,
+            queued_ahead=stats.queued_ahead,
+            dropped_rows=stats.dropped_rows,
+            verify_steps=stats.verify_steps,
+            draft_rows=stats.draft_rows,
+            draft_tokens=stats.draft_tokens,
+            accepted_tokens=stats.accepted_tokens,
+            verify_tokens=stats.verify_tokens,
+            draft_s=round(stats.draft_s, 4),
+            gate_steps=stats.gate_steps,
+            gate_ms_per_token=stats.gate_ms_per_token,
+            tool_reruns=self.tools.reruns if self.tools is not None else 0,
+            tool_calls=self.tools.calls if self.tools is not None else None,
+            tool_queued_s=round(self.tools.queued_s, 4) if self.tools is not None else None,
+            error=self.error,
+            error_line=self.error_line,
+            error_kind=self.error_kind,
+        )
 
     def _blocks(self, rid: str) -> int:
         """KV blocks a request holds (prompt plus output so far): what repack must find room for."""
@@ -367,6 +360,6 @@ class RolloutReplica(Moves, Storing):
         if force or now - self._last_beat >= self.heartbeat_s:
             self._last_beat = now
             report = self.snapshot()
-            report["reward_errors"] = report.get("reward_errors", []) + self.scorer.drain_errors()
+            report.reward_errors = report.reward_errors + self.scorer.drain_errors()
             return self.manager.heartbeat.remote(report, now)
         return None

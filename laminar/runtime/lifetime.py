@@ -254,7 +254,7 @@ class Lifetime:
         running: set[str] = set()
         for actor in self.replicas.values():
             try:
-                running.update(ray.get(actor.snapshot.remote(), timeout=self.cfg.run.timeout_s)["inflight"])
+                running.update(ray.get(actor.snapshot.remote(), timeout=self.cfg.run.timeout_s).inflight)
             except ray.exceptions.RayError:
                 continue  # died at the very end: what it held is not in flight anywhere
         return running

@@ -8,7 +8,7 @@ from typing import Any
 import ray
 
 from laminar.config import Config, RepackConfig
-from laminar.data.records import PromptGroup
+from laminar.data.records import PromptGroup, ReplicaSnapshot
 from laminar.engine import ExportedRequest, SamplingParams
 from laminar.manager.manager import RolloutManager
 from laminar.manager.spec import ManagerSpec
@@ -96,20 +96,20 @@ class Replica:
         if not self.running and self.pulls_to is not None:
             self.version, self.pulls_to = self.pulls_to, None
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> ReplicaSnapshot:
         if self.dead:
             raise ray.exceptions.RayActorError()
-        return {
-            "replica": self.id,
-            "version": self.version,
-            "waiting": self.waiting,
-            "running": len(self.running),
-            "kv_used": self.blocks * len(self.running),
-            "kv_total": 100,
-            "peak_kv": 50,
-            "requests": [(rid, self.blocks) for rid in sorted(self.running)],
-            "inflight": sorted(self.running),
-        }
+        return ReplicaSnapshot(
+            replica=self.id,
+            version=self.version,
+            waiting=self.waiting,
+            running=len(self.running),
+            kv_used=self.blocks * len(self.running),
+            kv_total=100,
+            peak_kv=50,
+            requests=[(rid, self.blocks) for rid in sorted(self.running)],
+            inflight=sorted(self.running),
+        )
 
     def export_requests(
         self, rids: list[str], with_kv: bool = False

@@ -9,6 +9,7 @@ import asyncio
 from dataclasses import asdict
 
 from laminar.configure import load_config
+from laminar.data.records import ReplicaSnapshot
 from laminar.manager.manager import RolloutManager
 from laminar.manager.spec import ManagerSpec
 from laminar.runtime.control import JournaledPromptPool
@@ -16,7 +17,7 @@ from laminar.schedules.schedule import Schedule
 from tests.manager.local import Local
 
 ROWS = [{"prompt": f"{i}", "answer": str(i)} for i in range(8)]
-BEAT = {"replica": 0, "running": 0, "waiting": 0, "reward_errors": [{"traj_id": "0:1", "error": "x"}]}
+BEAT = ReplicaSnapshot(0, reward_errors=[{"traj_id": "0:1", "error": "x"}])
 
 
 def manager(journal, pool) -> RolloutManager:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
+from laminar.data.records import ReplicaSnapshot
 from laminar.manager.repack import (
     RepackPlan,
     ReplicaLoad,
@@ -182,8 +184,8 @@ def test_max_released_caps_the_plan() -> None:
 def test_a_replica_whose_tails_wait_for_tools_is_a_repack_source():
     """Requests parked on a tool call are out of the decode batch but still the replica's work: they count as
     running for the planner, so a replica left with only those is packed away like any other tail."""
-    snap = {"replica": 1, "version": 2, "waiting": 0, "running": 0, "parked": 2, "kv_used": 4, "kv_total": 64}
-    load = load_of({**snap, "peak_kv": 10, "requests": [("7:0", 2), ("7:1", 2)]})
+    snap = ReplicaSnapshot(1, version=2, parked=2, kv_used=4, kv_total=64, peak_kv=10)
+    load = load_of(dataclasses.replace(snap, requests=[("7:0", 2), ("7:1", 2)]))
     assert load.running == 2 and load.requests == (("7:0", 2), ("7:1", 2))
     busy = ReplicaLoad(2, 2, 0, 3, 20, 64, 30, (("8:0", 5), ("8:1", 5), ("8:2", 5)))
     plan = plan_repack([load, busy], batch_limit_b=16, kv_capacity_frac=0.9)

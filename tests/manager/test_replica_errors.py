@@ -1,7 +1,10 @@
 """A replica whose loop raised is dead; the same error over and over stops the run instead of replacing forever.
 Reward errors a replica reports with its heartbeat become run records."""
 
+import dataclasses
+
 from laminar.config import Config
+from laminar.data.records import ReplicaSnapshot
 from laminar.manager.manager import RolloutManager
 from laminar.manager.spec import ManagerSpec
 from laminar.manager.supervisor import repeated_failure
@@ -36,8 +39,8 @@ def test_repeated_failure_needs_the_same_error_n_times_in_a_row():
     assert repeated_failure(["b"], 1)
 
 
-def snapshot(replica: int, **extra):
-    return {"replica": replica, "version": 0, "running": 0, "waiting": 0, "inflight": [], **extra}
+def snapshot(replica: int, **extra) -> ReplicaSnapshot:
+    return ReplicaSnapshot(replica, **extra)
 
 
 def manager(t0: float = 0.0, max_failures_in_a_row: int = 3) -> RolloutManager:
@@ -57,9 +60,9 @@ def test_replica_errors_are_logged_with_their_traceback_and_repeats_become_fatal
         snapshot(1, error="Traceback ...\nKeyError: b", error_line="KeyError: b", error_kind="K at g:2")
     )
     assert m.fatal_error() is None  # a different error breaks the streak
-    m.supervisor.replica_error({**first, "replica": 2})
+    m.supervisor.replica_error(dataclasses.replace(first, replica=2))
     assert m.fatal_error() is None
-    m.supervisor.replica_error({**first, "replica": 3})
+    m.supervisor.replica_error(dataclasses.replace(first, replica=3))
     fatal = m.fatal_error()
     assert fatal.startswith("rollout replicas failed 2 times in a row with the same error, last replica 3")
     assert "ValueError: a" in fatal and "\n" not in fatal

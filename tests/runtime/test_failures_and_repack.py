@@ -66,8 +66,8 @@ def _kill_a_replica_waiting_on_a_tool(rt, killed: dict) -> None:
     while time.monotonic() < deadline:
         for _, handle in sorted(rt.replicas.items()):
             snap = ray.get(handle.snapshot.remote(), timeout=30)
-            if snap.get("parked"):
-                killed["inflight"] = set(snap["inflight"])
+            if snap.parked:
+                killed["inflight"] = set(snap.inflight)
                 _kill_process(ray.get(handle.pid.remote(), timeout=30))
                 _wait_for_failure(rt, "rollouts", 1)
                 return

@@ -45,12 +45,10 @@ def tp_run(ray_cluster, tiny_model_dir, tmp_path_factory):
             while "pid" not in killed and time.monotonic() < deadline:  # a replica with work in flight
                 for rid, handle in sorted(rt.replicas.items()):
                     snap = ray.get(handle.snapshot.remote(), timeout=30)
-                    if snap["inflight"]:
+                    if snap.inflight:
                         pids = ray.get(handle.rank_pids.remote(), timeout=30)
                         os.kill(pids[1], signal.SIGKILL)  # rank 1, not the actor the manager talks to
-                        killed.update(
-                            pid=pids[1], replica=rid, inflight=set(snap["inflight"]), ranks=len(pids)
-                        )
+                        killed.update(pid=pids[1], replica=rid, inflight=set(snap.inflight), ranks=len(pids))
                         break
                 time.sleep(0.005)
             deadline = time.monotonic() + 60
