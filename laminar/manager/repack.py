@@ -14,6 +14,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from laminar.config import RepackConfig
 
 
 @dataclass(frozen=True)
@@ -298,6 +302,31 @@ def _plan(
         )
         released += [b.replica for b in bins if b.released]
     return RepackPlan(tuple(moves), tuple(sorted(released)))
+
+
+def plan_with(
+    policy: RepackConfig,
+    loads: Iterable[ReplicaLoad],
+    *,
+    trainer_version: int,
+    max_released: int | None = None,
+    batch_limit_b: int = 0,
+) -> RepackPlan:
+    """The plan the run's repack policy makes (the `repack` config section, whole): the one place its knobs
+    become `plan_repack`'s arguments, for the manager's loop and the simulator alike. `max_age` leaves replicas
+    that many versions behind `trainer_version` alone (the staleness tail: packing it would slow it further);
+    `batch_limit_b` overrides the policy's B (the simulator's, from its cost model)."""
+    age = policy.max_age
+    return plan_repack(
+        loads,
+        batch_limit_b=batch_limit_b or policy.batch_limit_b,
+        kv_capacity_frac=policy.kv_capacity,
+        max_released=max_released,
+        newest_first=policy.newest_first,
+        min_version=None if age < 0 else trainer_version - age + 1,
+        capped_batch_limit_b=policy.capped_batch_limit_b,
+        ramp_down_frac=policy.ramp_down_frac,
+    )
 
 
 def plan_repack(

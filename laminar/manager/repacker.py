@@ -17,7 +17,7 @@ import ray
 from laminar.config import RepackConfig
 from laminar.data.records import PromptGroup, ReplicaSnapshot
 from laminar.manager.fleet import Fleet
-from laminar.manager.repack import ReplicaLoad, plan_repack, split_groups
+from laminar.manager.repack import ReplicaLoad, plan_with, split_groups
 from laminar.rollout.inflight import InFlight
 
 log = logging.getLogger(__name__)
@@ -84,35 +84,22 @@ async def _import(handle: Any, items: list[tuple[Any, InFlight]]) -> set[str]:
 
 async def repack_once(
     handles: dict[int, Any],
-    snapshots: list[dict[str, Any]],
+    snapshots: list[ReplicaSnapshot],
     *,
-    batch_limit_b: int,
-    kv_capacity: float,
+    policy: RepackConfig,
+    trainer_version: int,
     stats: RepackStats,
     partial_pool: Any,
     max_released: int | None = None,
-    newest_first: bool = False,
-    min_version: int | None = None,
-    capped_batch_limit_b: int = 0,
-    move_kv: bool = False,
-    ramp_down_frac: float = 1.0,
 ) -> RepackRound:
-    """One repack round. `max_released` caps the replicas freed (the manager passes how many it has work for);
-    `move_kv`: the moved requests take their cached keys and values along.
+    """One repack round of the run's repack `policy` (`plan_with`). `max_released` caps the replicas freed (the
+    manager passes how many it has work for); with `policy.move_kv` the moved requests take their cached keys
+    and values along.
     Nothing exported is dropped: what the destination refuses goes back to its source, and what the source
     refuses too comes back as `orphans` for the recovery path."""
     t0 = time.perf_counter()
     loads = [load_of(s) for s in snapshots]
-    plan = plan_repack(
-        loads,
-        batch_limit_b=batch_limit_b,
-        kv_capacity_frac=kv_capacity,
-        max_released=max_released,
-        newest_first=newest_first,
-        min_version=min_version,
-        capped_batch_limit_b=capped_batch_limit_b,
-        ramp_down_frac=ramp_down_frac,
-    )
+    plan = plan_with(policy, loads, trainer_version=trainer_version, max_released=max_released)
     out = RepackRound()
     if not plan.moves:
         return out
@@ -122,7 +109,7 @@ async def repack_once(
     kept_back: set[int] = set()  # sources that still hold a planned trajectory (refused by its destination)
     for (src, dst), rids in sorted(by_pair.items()):
         try:
-            items = await handles[src].export_requests.remote(rids, move_kv)
+            items = await handles[src].export_requests.remote(rids, policy.move_kv)
         except ray.exceptions.RayError:
             continue  # the source died: its work is in the partial pool, under its name, for recovery
         exported = {state.group.traj_id(state.sample_idx) for _, state in items}
@@ -214,12 +201,6 @@ class RepackLoop:
         async with self.fleet.placing:
             await self.round(max_released)
 
-    def min_version(self) -> int | None:
-        """The oldest version repack may touch (`max_age`): older trajectories are the staleness tail, and
-        packing them would slow them further."""
-        age = self.settings.max_age
-        return None if age < 0 else self.dispatcher.trainer_version - age + 1
-
     async def round(self, max_released: int | None) -> None:
         """Moved groups are owed by their destination too (so its death recovers them with their row), and
         moves neither end would take go through recovery. The caller holds `fleet.placing`."""
@@ -232,16 +213,11 @@ class RepackLoop:
         done = await repack_once(
             fleet.handles,
             [s for s in snaps if isinstance(s, ReplicaSnapshot) and not s.error],
-            batch_limit_b=self.settings.batch_limit_b,
-            kv_capacity=self.settings.kv_capacity,
+            policy=self.settings,
+            trainer_version=self.dispatcher.trainer_version,
             stats=self.stats,
             partial_pool=self.partial_pool,
             max_released=max_released,
-            newest_first=self.settings.newest_first,
-            min_version=self.min_version(),
-            capped_batch_limit_b=self.settings.capped_batch_limit_b,
-            move_kv=self.settings.move_kv,
-            ramp_down_frac=self.settings.ramp_down_frac,
         )
         if asdict(self.stats) != before:
             fleet.journal({"part": "repack", "op": "stats", "stats": asdict(self.stats)})

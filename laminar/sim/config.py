@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from laminar.config import ConfigError, RepackConfig
 from laminar.data.experience_buffer import SAMPLERS
 from laminar.schedules.schedule import NAMES
 from laminar.sim.cost import MODELS, CostModel
@@ -21,6 +22,9 @@ ABLATIONS = {
 }
 # The runtime's schedules, the colocated `verl` (the simulator's own) and Laminar's ablations
 SCHEDULES = (*NAMES, "verl", *ABLATIONS)
+
+
+SIM_REPACK = RepackConfig(interval_s=5.0, batch_limit_b=0, capped_batch_limit_b=32)
 
 
 @dataclass(frozen=True)
@@ -49,16 +53,10 @@ class SimConfig:
         4  # `schedule.max_staleness`: no group trained more versions late than this (-1: none)
     )
     replica_fill: float = 1.0  # laminar: a replica's prompt batch fills this share of max_num_seqs
-    repack_interval_s: float = 5.0
-    repack_kv_frac: float = 0.9
-    repack_batch_limit: int = 0  # B; 0 = from the cost model
-    repack_only_with_work: bool = True  # free only as many replicas as have a batch waiting (the runtime's)
-    repack_newest_first: bool = True  # `repack.newest_first`: the release cap packs the newest tails first
-    repack_max_age: int = 3  # `repack.max_age`: leave replicas this many versions behind alone; -1 = none
-    repack_capped_batch_limit: int = 32  # `repack.capped_batch_limit_b`: B when the gate caps a round; 0 = B
-    repack_ramp_down_frac: float = (
-        1.0  # `repack.ramp_down_frac`: a source once its KV is below this of its peak
-    )
+    # the runtime's `repack` section, whole (`laminar.manager.repack.plan_with` reads it for both); here a round
+    # every 5 s (GPU-sized batches), B from the cost model (`batch_limit_b: 0`), and B 32 when the gate caps a
+    # round (the runtime's default for 7B-sized models, `results/sim/README.md`)
+    repack: RepackConfig = field(default_factory=lambda: replace(SIM_REPACK))
     sampler: str = (
         "fifo"  # the experience buffer's sampler, by name (`laminar.data.experience_buffer.SAMPLERS`)
     )
@@ -91,15 +89,10 @@ class SimConfig:
             raise ValueError(
                 f"sampler={self.sampler!r}; valid: {', '.join(SAMPLERS)} (the experience buffer's built-in samplers)"
             )
-        for name in ("max_lag", "max_staleness", "repack_max_age"):
+        for name in ("max_lag", "max_staleness"):
             if getattr(self, name) < -1:
                 raise ValueError(f"{name}={getattr(self, name)} must be -1 (none) or >= 0")
-        if not 0.0 < self.repack_ramp_down_frac <= 1.0:
-            raise ValueError(f"repack_ramp_down_frac={self.repack_ramp_down_frac} must be in (0, 1]")
-        if self.repack_capped_batch_limit < 0:
-            raise ValueError(
-                f"repack_capped_batch_limit={self.repack_capped_batch_limit} must be >= 0 (0 = B)"
-            )
+        check_repack(self.repack)
         if self.max_ahead_batches < 1.0:
             raise ValueError(f"max_ahead_batches={self.max_ahead_batches} must be >= 1")
 
@@ -124,13 +117,23 @@ class SimConfig:
         return replace(self, **changes)
 
 
+def check_repack(policy: RepackConfig) -> None:
+    """The runtime's checks of the `repack` section, but B: 0 here means the cost model's."""
+    from laminar.config import Config
+
+    try:
+        replace(policy, batch_limit_b=policy.batch_limit_b or 1).check(Config())
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+
+
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     known = {f.name: f for f in fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in known:
             raise ValueError(f"{where}{key}: unknown field; valid: {', '.join(known)}")
-        default = getattr(cls(), key) if key in ("lengths", "cost") else None
+        default = getattr(cls(), key) if key in ("lengths", "cost", "repack") else None
         if is_dataclass(default) and isinstance(value, dict):
             value = _build(type(default), value, f"{where}{key}.")
         elif key == "failures":
@@ -140,7 +143,8 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> SimConfig:
-    """A `SimConfig` from a YAML file (nested `lengths:` and `cost:` sections), then keyword overrides."""
+    """A `SimConfig` from a YAML file (nested `lengths:`, `cost:` and `repack:` sections), then keyword
+    overrides."""
     data: dict[str, Any] = {}
     if path is not None:
         data = yaml.safe_load(Path(path).read_text()) or {}

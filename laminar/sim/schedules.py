@@ -20,11 +20,12 @@ a pull (`pull_s`) when it adopts it.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from laminar.configure import load_config
 from laminar.data.records import traj_id
 from laminar.manager.recovery import choose_target
-from laminar.manager.repack import ReplicaLoad, plan_repack, split_groups
+from laminar.manager.repack import ReplicaLoad, plan_with, split_groups
 from laminar.schedules.schedule import Schedule
 from laminar.sim.cluster import Cluster
 from laminar.sim.config import ABLATIONS
@@ -48,20 +49,15 @@ def schedule_of(cluster: Cluster) -> Schedule:
     ablation = ABLATIONS.get(cfg.schedule, ())
     name = "laminar" if ablation else cfg.schedule
     ahead_batches = cfg.staleness_k + 1 if name in ("stream", "partial") else cfg.max_ahead_batches
-    run = load_config(
-        None,
-        [
-            f"schedule.name={name}",
-            f"schedule.staleness={cfg.staleness_k}",
-            f"trainer.groups_per_step={g}",
-            f"rollout.replicas={max(1, len(cluster.live()))}",
-            f"rollout.groups_per_batch={replica_groups(cluster, ahead_batches)}",
-            f"buffer.capacity_groups={int(cfg.max_ahead_batches * g)}",
-            f"schedule.max_lag={cfg.max_lag}",
-            f"schedule.max_staleness={cfg.max_staleness}",
-            *ablation,
-        ],
-    )
+    run = load_config(None, list(ablation))  # an ablation's overrides, as `laminar bench schedules` has them
+    sched = run.schedule
+    sched.name, sched.staleness = name, cfg.staleness_k
+    sched.max_lag, sched.max_staleness = cfg.max_lag, cfg.max_staleness
+    run.trainer.groups_per_step = g
+    run.rollout.replicas = max(1, len(cluster.live()))
+    run.rollout.groups_per_batch = replica_groups(cluster, ahead_batches)
+    run.buffer.capacity_groups = int(cfg.max_ahead_batches * g)
+    run.repack = replace(cfg.repack, enabled=cfg.repack.enabled and run.repack.enabled)
     return Schedule.from_config(run)
 
 
@@ -110,7 +106,7 @@ class Verl(Base):
 
 class RuntimeLoop(Base):
     """The runtime's loop for one schedule value (see the module docstring). With `schedule.repack` the repack
-    round runs every `repack_interval_s` and right after each trainer update, as the manager's does."""
+    round runs every `repack.interval_s` and right after each trainer update, as the manager's does."""
 
     def __init__(self, cluster: Cluster, schedule: Schedule) -> None:
         super().__init__(cluster)
@@ -124,14 +120,14 @@ class RuntimeLoop(Base):
         self.orphans: dict[int, list[Traj]] = {}  # samples of dead replicas while none is alive, by group
         cost, spec, cfg = cluster.cost, cluster.spec, cluster.cfg
         typical = cfg.lengths.prompt_median + cfg.lengths.median
-        self.batch_limit = cfg.repack_batch_limit or cost.batch_limit(spec, typical)
+        self.batch_limit = cfg.repack.batch_limit_b or cost.batch_limit(spec, typical)
         self.blocks_total = cost.kv_capacity_tokens(spec) // cost.kv_block_tokens
 
     def start(self) -> None:
         for r in self.c.live():
             self.ask(r)
         if self.schedule.repack:
-            self.c.at(self.cfg.repack_interval_s, self._tick)
+            self.c.at(self.cfg.repack.interval_s, self._tick)
 
     def ask(self, r: Replica) -> None:
         """A drained replica: pull the newest version at its relay, then ask for work."""
@@ -211,19 +207,19 @@ class RuntimeLoop(Base):
 
     def _tick(self, _: object, now: float) -> None:
         self.do_repack()
-        self.c.at(now + self.cfg.repack_interval_s, self._tick)
+        self.c.at(now + self.cfg.repack.interval_s, self._tick)
 
     def do_repack(self) -> None:
         """Snapshot the replicas, ask the project's planner, move trajectories, free the sources.
 
-        With `repack_only_with_work` (the runtime's `repack.only_with_work`) only as many replicas are freed
+        With `repack.only_with_work` only as many replicas are freed
         as the dispatch rule has a batch for, less the replicas already idle and asking (those refused until
         they pull take the room first): packing slows the packed tails, which pays only when a freed replica
         starts new work at once.
         """
         c, now = self.c, self.c.now
         max_released = None
-        if self.cfg.repack_only_with_work:
+        if self.cfg.repack.only_with_work:
             max_released = self.rule.replicas_with_work(
                 c.next_gid,
                 self.manager_consumed,
@@ -258,16 +254,12 @@ class RuntimeLoop(Base):
             )
         if len(loads) < 2:
             return
-        age = self.cfg.repack_max_age
-        plan = plan_repack(
+        plan = plan_with(
+            self.cfg.repack,
             loads,
-            batch_limit_b=self.batch_limit,
-            kv_capacity_frac=self.cfg.repack_kv_frac,
+            trainer_version=self.manager_version,
             max_released=max_released,
-            newest_first=self.cfg.repack_newest_first,
-            min_version=None if age < 0 else self.manager_version - age + 1,
-            capped_batch_limit_b=self.cfg.repack_capped_batch_limit,
-            ramp_down_frac=self.cfg.repack_ramp_down_frac,
+            batch_limit_b=self.batch_limit,
         )
         if not plan.moves:
             return

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from laminar.config import RepackConfig
 from laminar.sim.calibrate import ScheduleCalibration, from_schedule_bench
 from laminar.sim.config import SimConfig
 from laminar.sim.cost import MODELS, CostModel
@@ -53,15 +54,19 @@ def small_gpu_config(cost: CostModel | None = None, **changes: Any) -> SimConfig
         staleness_k=2,  # schedule.staleness
         max_ahead_batches=3.0,  # buffer.capacity_groups = 24 = 3 global batches
         replica_fill=4 * 8 / 256,  # rollout.groups_per_batch = 4 groups of 8 of max_num_seqs = 256
-        repack_interval_s=0.25,  # repack.interval_s (the default)
-        repack_kv_frac=0.9,
-        repack_batch_limit=256,
-        repack_only_with_work=False,  # the measured runs predate the gate
-        max_lag=-1,  # and the runtime's dispatch policy when the measured runs were made (no version gate)
+        # the runtime's repack policy when the measured runs were made: before the gate (`only_with_work`)
+        # and the staleness tail's rules
+        repack=RepackConfig(
+            interval_s=0.25,
+            kv_capacity=0.9,
+            batch_limit_b=256,
+            only_with_work=False,
+            newest_first=False,
+            max_age=-1,
+            capped_batch_limit_b=0,
+        ),
+        max_lag=-1,  # and its dispatch policy then (no version gate)
         max_staleness=-1,  # (and before the staleness bound)
-        repack_newest_first=False,
-        repack_max_age=-1,
-        repack_capped_batch_limit=0,
         lengths=LengthConfig(
             kind="bench",
             median=256,

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from laminar.config import RepackConfig
 from laminar.sim.config import SCHEDULES, Failure, SimConfig
 from laminar.sim.cost import MODELS, CostModel
 from laminar.sim.lengths import LengthConfig
@@ -179,12 +180,14 @@ def test_repack_frees_replicas_only_when_there_is_work_for_them() -> None:
 
     cost = calibrated()[0]  # the measured small GPU runs: trainer-bound
 
-    def repacks(**changes) -> int:
-        return simulate(small_gpu_config(cost, schedule="laminar", **changes))[0]["repacks"]["count"]
+    def repacks(only_with_work: bool, **changes) -> int:
+        cfg = small_gpu_config(cost, schedule="laminar", **changes)
+        cfg = cfg.with_(repack=dataclasses.replace(cfg.repack, only_with_work=only_with_work))
+        return simulate(cfg)[0]["repacks"]["count"]
 
-    assert repacks(repack_only_with_work=False) > 0
-    assert repacks(repack_only_with_work=True) == 0
-    assert repacks(repack_only_with_work=True, max_ahead_batches=12.0) > 0  # the bound never binds
+    assert repacks(False) > 0
+    assert repacks(True) == 0
+    assert repacks(True, max_ahead_batches=12.0) > 0  # the bound never binds
 
 
 def test_schedules_defining_versions() -> None:
@@ -257,15 +260,15 @@ def test_the_staleness_bound_holds_on_every_seed_where_long_tails_passed_it() ->
     nothing is lost or trained twice, and the trainer waits for the tail only a little."""
     from laminar.sim.validation import small_gpu_config
 
-    policy = dict(
-        schedule="laminar",
-        steps=16,
-        max_lag=0,
-        repack_only_with_work=True,
-        repack_newest_first=True,
-        repack_max_age=3,
-        repack_capped_batch_limit=32,
+    repack = RepackConfig(
+        interval_s=0.25,
+        batch_limit_b=256,
+        only_with_work=True,
+        newest_first=True,
+        max_age=3,
+        capped_batch_limit_b=32,
     )
+    policy = dict(schedule="laminar", steps=16, max_lag=0, repack=repack)
     free, bounded = [], []
     for seed in range(4):
         free.append(simulate(small_gpu_config(seed=seed, max_staleness=-1, **policy))[0])

@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from laminar.sim.config import SCHEDULES, Failure, SimConfig
+from laminar.sim.config import SCHEDULES, SIM_REPACK, Failure, SimConfig
 from laminar.sim.lengths import LengthConfig
 from laminar.sim.replica import Group, Replica, Traj
 from laminar.sim.run import simulate
@@ -111,7 +111,7 @@ TOOLS = LengthConfig(
 )
 SMALL = SimConfig(
     gpus=8, model="0.5B", groups_per_step=16, group_size=4, steps=8, warmup_steps=2, trainer_frac=0.25,
-    lengths=TOOLS, repack_interval_s=0.25,
+    lengths=TOOLS, repack=dataclasses.replace(SIM_REPACK, interval_s=0.25),
 )  # fmt: skip
 
 
