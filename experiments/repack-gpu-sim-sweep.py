@@ -24,11 +24,11 @@ SEEDS = range(6)
 VARIANTS = [
     ("without repack", {"schedule": "laminar_no_repack"}),
     ("repack (the defaults)", {}),
-    ("repack, ramp_down_frac 0.9", {"repack_ramp_down_frac": 0.9}),
-    ("repack, ramp_down_frac 0.8", {"repack_ramp_down_frac": 0.8}),
-    ("repack, ramp_down_frac 0.7", {"repack_ramp_down_frac": 0.7}),
-    ("repack, max_age 1", {"repack_max_age": 1}),
-    ("repack, oldest tails first", {"repack_newest_first": False}),
+    ("repack, ramp_down_frac 0.9", {"repack": {"ramp_down_frac": 0.9}}),
+    ("repack, ramp_down_frac 0.8", {"repack": {"ramp_down_frac": 0.8}}),
+    ("repack, ramp_down_frac 0.7", {"repack": {"ramp_down_frac": 0.7}}),
+    ("repack, max_age 1", {"repack": {"max_age": 1}}),
+    ("repack, oldest tails first", {"repack": {"newest_first": False}}),
     ("repack, 2.5 steps in flight", {"max_ahead_batches": 2.5}),
     ("repack, 2 steps in flight", {"max_ahead_batches": 2.0}),
     ("without repack, 2.5 steps in flight", {"schedule": "laminar_no_repack", "max_ahead_batches": 2.5}),
@@ -44,9 +44,7 @@ def base(seed: int, groups_per_step: int):
         warmup_steps=3,
         schedule="laminar",
         max_lag=0,  # the runtime's dispatch defaults (small_gpu_config pins the older runs' policy)
-        repack_only_with_work=True,
-        repack_newest_first=True,
-        repack_max_age=3,
+        repack=dict(only_with_work=True, newest_first=True, max_age=3),
         lengths=lengths,
         groups_per_step=groups_per_step,
     )

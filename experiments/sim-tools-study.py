@@ -35,12 +35,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 OUT = RESULTS / "sim-tools"
 MEASURED = RESULTS / "schedules-tools-gpu"
 SCHEDULES = ("sync", "one_step", "stream", "partial", "laminar")
-NOW = dict(
-    max_lag=0, repack_only_with_work=True, repack_newest_first=True, repack_max_age=3
-)  # runtime defaults
-BEFORE = dict(
-    max_lag=-1, repack_only_with_work=True, repack_newest_first=False, repack_max_age=-1
-)  # 2026-11-26
+NOW = dict(max_lag=0, repack=dict(only_with_work=True, newest_first=True, max_age=3))  # runtime defaults
+BEFORE = dict(max_lag=-1, repack=dict(only_with_work=True, newest_first=False, max_age=-1))  # 2026-11-26
 
 
 def tools_config(cost, seed: int, replicas: int, policy: dict, **changes):
@@ -56,16 +52,18 @@ def tools_config(cost, seed: int, replicas: int, policy: dict, **changes):
         tool_latency_p99_ratio=10.0,
         tool_output_tokens=32,
     )
-    return small.with_(
-        seed=seed,
-        steps=6,
-        warmup_steps=2,
-        gpus=replicas + 1,
-        trainer_frac=1 / (replicas + 1),
-        repack_capped_batch_limit=0,
-        lengths=lengths,
-        **policy,
-        **changes,
+    return (
+        small.with_(
+            seed=seed,
+            steps=6,
+            warmup_steps=2,
+            gpus=replicas + 1,
+            trainer_frac=1 / (replicas + 1),
+            repack=dict(capped_batch_limit_b=0),
+            lengths=lengths,
+        )
+        .with_(**policy)
+        .with_(**changes)
     )
 
 
@@ -211,8 +209,8 @@ KNOBS = (
     ("the defaults (3 steps of groups in flight)", {}),
     ("2.75 steps in flight", {"max_ahead_batches": 2.75}),
     ("2.5 steps in flight", {"max_ahead_batches": 2.5}),
-    ("repack max_age 1", {"repack_max_age": 1}),
-    ("repack ramp_down_frac 0.5", {"repack_ramp_down_frac": 0.5}),
+    ("repack max_age 1", {"repack": {"max_age": 1}}),
+    ("repack ramp_down_frac 0.5", {"repack": {"ramp_down_frac": 0.5}}),
     ("without repack", {"schedule": "laminar_no_repack"}),
 )
 

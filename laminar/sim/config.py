@@ -46,7 +46,7 @@ class SimConfig:
     steps: int = 100  # trainer steps to simulate
     warmup_steps: int = 3  # steps left out of the throughput window
     staleness_k: int = 4  # stream / partial: most versions a consumed trajectory may lag
-    # Laminar's dispatch policy (the runtime's defaults but for the 7B repack_capped_batch_limit):
+    # Laminar's dispatch policy (the runtime's defaults):
     max_ahead_batches: float = 3.0  # groups dispatched and not yet trained, in global batches (trainer steps)
     max_lag: int = 0  # `schedule.max_lag`: new work only for replicas holding the trainer's version (-1: any)
     max_staleness: int = (
@@ -114,6 +114,10 @@ class SimConfig:
         return (self.gpus - self.trainer_gpus) // self.spec.rollout_tp
 
     def with_(self, **changes: Any) -> SimConfig:
+        """A copy with `changes`; a dict for a section (`repack`, `lengths`, `cost`) changes the fields it names."""
+        for key, value in changes.items():
+            if isinstance(value, dict) and is_dataclass(getattr(self, key)):
+                changes[key] = replace(getattr(self, key), **value)
         return replace(self, **changes)
 
 
