@@ -14,7 +14,10 @@ from safetensors.torch import save_file
 from tests.gloo_ranks import finish_rank
 
 
-def rank_main(rank: int, world: int, port: int, out: str, mode: str, ckpt: str) -> None:
+def rank_main(rank: int, world: int, port: int, out: str, single_ckpt: str) -> None:
+    """Three jobs in one spawn (a rank's start-up, torch and the trainer imported, is most of its cost): a step
+    from the start, saved to `out/ckpt`; a step from that 2-rank checkpoint (`out/resumed-two`); and a step from
+    the single-process trainer's checkpoint (`out/resumed-one`)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from laminar.trainer.trainer import Trainer
     from tests.trainer.test_sharded import CFG, batch, model
@@ -23,24 +26,31 @@ def rank_main(rank: int, world: int, port: int, out: str, mode: str, ckpt: str) 
     try:
         tr = Trainer(CFG, model=model(), rank=rank, world=world)
         publish(tr, Path(out) / "published0.bin", rank)  # version 0: the starting weights
-        if mode == "resume":
-            tr.load_checkpoint(ckpt)
         metrics = tr.train_step(batch())
-        if mode == "save":
-            tr.save_checkpoint(ckpt)
+        tr.save_checkpoint(Path(out) / "ckpt")
         publish(tr, Path(out) / "published.bin", rank)
         full = {k: v.full_tensor() for k, v in tr.model.state_dict().items()}
-        if mode == "save":
-            tr.publish_dtype = "bfloat16"  # each rank's rows cast into one buffer, as on a GPU
-            publish(tr, Path(out) / "published-bf16.bin", rank)
-            # inf in rank 1's rows only: both ranks refuse to publish, naming the parameter
-            nonfinite(tr, Path(out) / f"nonfinite{rank}.txt", rank)
+        tr.publish_dtype = "bfloat16"  # each rank's rows cast into one buffer, as on a GPU
+        publish(tr, Path(out) / "published-bf16.bin", rank)
+        # inf in rank 1's rows only: both ranks refuse to publish, naming the parameter
+        nonfinite(tr, Path(out) / f"nonfinite{rank}.txt", rank)
         if rank == 0:
             save_file(
                 {k: v.contiguous() for k, v in full.items()}
                 | {"metric.loss": torch.tensor([metrics["loss"], metrics["grad_norm"], metrics["tokens"]])},
                 os.path.join(out, "params.safetensors"),
             )
+        for ckpt, where in ((Path(out) / "ckpt", "resumed-two"), (Path(single_ckpt), "resumed-one")):
+            tr = Trainer(CFG, model=model(), rank=rank, world=world)
+            tr.load_checkpoint(ckpt)
+            tr.train_step(batch())
+            full = {k: v.full_tensor() for k, v in tr.model.state_dict().items()}
+            if rank == 0:
+                (Path(out) / where).mkdir()
+                save_file(
+                    {k: v.contiguous() for k, v in full.items()},
+                    os.path.join(out, where, "params.safetensors"),
+                )
     except BaseException:
         dist.destroy_process_group()
         raise
@@ -110,9 +120,9 @@ def uneven_main(rank: int, world: int, port: int, out: str) -> None:
     finish_rank()
 
 
-def algorithm_main(rank: int, world: int, port: int, out: str, name: str) -> None:
-    """One step of `test_sharded_algorithms.ALGORITHMS[name]` on `test_sharded.batch()`; rank 0 writes the
-    gathered parameters and the loss."""
+def algorithm_main(rank: int, world: int, port: int, out: str) -> None:
+    """One step of each of `test_sharded_algorithms.ALGORITHMS` on `test_sharded.batch()`, in one spawn; rank 0
+    writes each one's gathered parameters and loss to `out/NAME`."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from laminar.trainer.trainer import Trainer
     from tests.trainer.test_sharded import batch, model
@@ -120,19 +130,22 @@ def algorithm_main(rank: int, world: int, port: int, out: str, name: str) -> Non
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        tr = Trainer(**ALGORITHMS[name], model=model(), rank=rank, world=world)
-        metrics = tr.train_step(batch())
-        full = {k: v.full_tensor() for k, v in tr.model.state_dict().items()}
-        losses = [metrics["loss"]]
-        if tr.critic is not None:  # its gathered weights, its metrics, and a checkpoint of both ranks
-            full |= {f"critic.{k}": v.full_tensor() for k, v in tr.critic.model.state_dict().items()}
-            losses += [metrics["value_loss"], metrics["value_grad_norm"]]
-            tr.save_checkpoint(Path(out) / "ckpt")
-        if rank == 0:
-            save_file(
-                {k: v.contiguous() for k, v in full.items()} | {"metric.loss": torch.tensor(losses)},
-                os.path.join(out, "params.safetensors"),
-            )
+        for name in sorted(ALGORITHMS):
+            where = Path(out) / name
+            tr = Trainer(**ALGORITHMS[name], model=model(), rank=rank, world=world)
+            metrics = tr.train_step(batch())
+            full = {k: v.full_tensor() for k, v in tr.model.state_dict().items()}
+            losses = [metrics["loss"]]
+            if tr.critic is not None:  # its gathered weights, its metrics, and a checkpoint of both ranks
+                full |= {f"critic.{k}": v.full_tensor() for k, v in tr.critic.model.state_dict().items()}
+                losses += [metrics["value_loss"], metrics["value_grad_norm"]]
+                tr.save_checkpoint(where / "ckpt")
+            if rank == 0:
+                where.mkdir(exist_ok=True)
+                save_file(
+                    {k: v.contiguous() for k, v in full.items()} | {"metric.loss": torch.tensor(losses)},
+                    str(where / "params.safetensors"),
+                )
     except BaseException:
         dist.destroy_process_group()
         raise

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import socket
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,12 +53,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(tmp: Path, mode: str, ckpt: Path, world: int = 2) -> dict[str, torch.Tensor]:
-    tmp.mkdir(parents=True, exist_ok=True)
-    mp.spawn(rank_main, args=(world, free_port(), str(tmp), mode, str(ckpt)), nprocs=world)
-    return load_file(str(tmp / "params.safetensors"))
-
-
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     """The single-process trainer after one step on `batch()`, and its checkpoint."""
@@ -70,9 +63,12 @@ def single(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
+def two_ranks(single, tmp_path_factory):
+    """Two ranks' step from the start (its parameters), and the folder of what they wrote: the published
+    versions, the checkpoint, and the steps resumed from it and from the single trainer's (`rank_main`)."""
     tmp = tmp_path_factory.mktemp("two")
-    return run_ranks(tmp, "save", tmp / "ckpt"), tmp
+    mp.spawn(rank_main, args=(2, free_port(), str(tmp), str(single[2])), nprocs=2)
+    return load_file(str(tmp / "params.safetensors")), tmp
 
 
 def test_two_ranks_take_the_same_step_as_one(single, two_ranks):
@@ -129,7 +125,7 @@ def test_the_published_version_of_two_ranks_is_the_single_trainers_bytes(single,
     assert (tmp / "published0.bin").read_bytes() == want0.tobytes()
 
 
-def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(single, two_ranks, tmp_path):
+def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(single, two_ranks):
     """From the 2-rank checkpoint: one more step on 1 rank and on 2 ranks gives the same parameters as the
     single-process trainer taking its second step from its own checkpoint."""
     _, tmp = two_ranks
@@ -144,7 +140,7 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(single, two_ranks,
     one.load_checkpoint(ckpt)
     assert one.version == 1
     one.train_step(batch())
-    two = run_ranks(tmp_path / "two", "resume", ckpt)
+    two = load_file(str(tmp / "resumed-two" / "params.safetensors"))
     for k, v in ref.model.state_dict().items():
         if k == "lm_head.weight":
             continue
@@ -152,11 +148,11 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(single, two_ranks,
         assert float((two[k] - v).abs().max()) <= 1e-5, k
 
 
-def test_a_one_rank_checkpoint_resumes_on_two_ranks(single, tmp_path):
+def test_a_one_rank_checkpoint_resumes_on_two_ranks(single, two_ranks):
     ref = Trainer(CFG, model=model())
     ref.load_checkpoint(single[2])
     assert ref.train_step(batch())["kl"] > 0  # the policy has left the reference: the KL term moves this step
-    two = run_ranks(tmp_path, "resume", single[2])
+    two = load_file(str(two_ranks[1] / "resumed-one" / "params.safetensors"))
     for k, v in ref.model.state_dict().items():
         if k != "lm_head.weight":
             assert float((two[k] - v).abs().max()) <= 1e-5, k

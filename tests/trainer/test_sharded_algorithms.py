@@ -43,15 +43,22 @@ ALGORITHMS = {
 }
 
 
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Every algorithm's step on two ranks, in one spawn: a folder of what each wrote (`algorithm_main`)."""
+    out = tmp_path_factory.mktemp("two")
+    mp.spawn(algorithm_main, args=(2, free_port(), str(out)), nprocs=2)
+    return out
+
+
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
-def test_two_ranks_take_the_same_step_as_one(name, tmp_path):
+def test_two_ranks_take_the_same_step_as_one(name, two_ranks):
     single = Trainer(**ALGORITHMS[name], model=model())
     plan = single.plan([t.num_tokens for g in batch() for t in g])
     every = sorted(i for _, micro in plan for mb in micro for i in mb or [])
     assert every == list(range(20))  # each sequence in exactly one micro-batch, whole
     m = single.train_step(batch())
-    mp.spawn(algorithm_main, args=(2, free_port(), str(tmp_path), name), nprocs=2)
-    got = load_file(str(tmp_path / "params.safetensors"))
+    got = load_file(str(two_ranks / name / "params.safetensors"))
     for k, v in single.model.state_dict().items():
         if k != "lm_head.weight":  # tied: model.embed_tokens.weight
             assert float((got[k] - v).abs().max()) <= 1e-5, k
@@ -64,7 +71,7 @@ def test_two_ranks_take_the_same_step_as_one(name, tmp_path):
         assert float((got[f"critic.{k}"] - v).abs().max()) <= 1e-5, k
     # the two ranks' checkpoint, critic and all, resumes on one rank where the single trainer stands
     back = Trainer(**ALGORITHMS[name], model=model())
-    back.load_checkpoint(tmp_path / "ckpt")
+    back.load_checkpoint(two_ranks / name / "ckpt")
     pairs = zip(single.critic.model.named_parameters(), back.critic.model.parameters())
     for (n, p), q in pairs:
         assert float((p.detach() - q.detach()).abs().max()) <= 1e-5, n
