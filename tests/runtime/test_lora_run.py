@@ -31,6 +31,7 @@ def lora_run(request, ray_cluster, tiny_model_dir, tmp_path_factory):
         "trainer.checkpoint_every=2",
         "run.export=float32",
         f"trainer.lora_publish={request.param}",
+        "rollout.replicas=2",  # what is checked is the weights the replicas serve, not how many serve
     )
     summary = train(cfg, out, quiet=True)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
