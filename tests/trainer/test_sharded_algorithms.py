@@ -6,13 +6,11 @@ advantages are whitened over every rank's tokens, and its checkpoint written by 
 from __future__ import annotations
 
 import pytest
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from laminar.config import RolloutConfig, TrainerConfig
 from laminar.trainer.trainer import Trainer
-from tests.trainer.sharded_ranks import algorithm_main
-from tests.trainer.test_sharded import batch, free_port, model
+from tests.trainer.test_sharded import batch, model
 
 # the trainer's arguments of each: its config, and for Dr.GRPO the longest response (its constant)
 ALGORITHMS = {
@@ -43,14 +41,6 @@ ALGORITHMS = {
 }
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    """Every algorithm's step on two ranks, in one spawn: a folder of what each wrote (`algorithm_main`)."""
-    out = tmp_path_factory.mktemp("two")
-    mp.spawn(algorithm_main, args=(2, free_port(), str(out)), nprocs=2)
-    return out
-
-
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_two_ranks_take_the_same_step_as_one(name, two_ranks):
     single = Trainer(**ALGORITHMS[name], model=model())
@@ -58,7 +48,7 @@ def test_two_ranks_take_the_same_step_as_one(name, two_ranks):
     every = sorted(i for _, micro in plan for mb in micro for i in mb or [])
     assert every == list(range(20))  # each sequence in exactly one micro-batch, whole
     m = single.train_step(batch())
-    got = load_file(str(two_ranks / name / "params.safetensors"))
+    got = load_file(str(two_ranks / "algorithms" / name / "params.safetensors"))
     for k, v in single.model.state_dict().items():
         if k != "lm_head.weight":  # tied: model.embed_tokens.weight
             assert float((got[k] - v).abs().max()) <= 1e-5, k
@@ -71,7 +61,7 @@ def test_two_ranks_take_the_same_step_as_one(name, two_ranks):
         assert float((got[f"critic.{k}"] - v).abs().max()) <= 1e-5, k
     # the two ranks' checkpoint, critic and all, resumes on one rank where the single trainer stands
     back = Trainer(**ALGORITHMS[name], model=model())
-    back.load_checkpoint(two_ranks / name / "ckpt")
+    back.load_checkpoint(two_ranks / "algorithms" / name / "ckpt")
     pairs = zip(single.critic.model.named_parameters(), back.critic.model.parameters())
     for (n, p), q in pairs:
         assert float((p.detach() - q.detach()).abs().max()) <= 1e-5, n
