@@ -273,6 +273,7 @@ def test_a_killed_trainer_restarts_from_its_checkpoint_and_catches_up(ray_cluste
             "trainer.num_workers=2",
             "trainer.placement=spread",
             "run.export=bfloat16",
+            "rollout.replicas=2",  # the trainer's loss is what is checked
         ],
     )
     summary = train(cfg, tmp_path, quiet=True, hook=hook)
