@@ -22,7 +22,7 @@ def finish_rank() -> None:
     os._exit(0)
 
 
-DEADLINE_S = 240  # a hang fails here (gloo's own timeout is a minute in the ranks)
+DEADLINE_S = 240  # a hang fails here rather than at gloo's own timeout
 
 
 def run_ranks(main, args: tuple, world: int, what: str) -> None:  # noqa: ANN001 - a rank's function

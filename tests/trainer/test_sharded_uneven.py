@@ -18,8 +18,6 @@ from tests.trainer.test_sharded import VOCAB, model
 
 UNEVEN_CFG = TrainerConfig(lr=1e-3, micro_batch=2, kl_coef=0.5)
 
-DEADLINE_S = 120  # a hang fails here (gloo's own timeout is set shorter in the ranks)
-
 
 def uneven_batch() -> list[list[Trajectory]]:
     """Two groups: one long response and many short ones. Balanced by tokens, the long one fills a
@@ -44,11 +42,12 @@ def test_uneven_micro_batches_with_kl_finish_and_match_one_process(world, reques
     m = ref.train_step(uneven_batch())
     assert m["kl"] >= 0
     if world == 2:  # the session's two ranks ran it (tests/trainer/conftest.py)
-        tmp_path = request.getfixturevalue("two_ranks") / "uneven"
-    else:
-        run_ranks(uneven_main, (str(tmp_path),), world, "uneven micro-batches and KL")
-    got = load_file(str(tmp_path / "params.safetensors"))
-    counts = [int((tmp_path / f"micro{r}.txt").read_text()) for r in range(world)]
+        out = request.getfixturevalue("two_ranks") / "uneven"
+    else:  # a hang fails at the deadline (gloo's own timeout is a minute in the ranks)
+        out = tmp_path
+        run_ranks(uneven_main, (str(out),), world, "uneven micro-batches and KL")
+    got = load_file(str(out / "params.safetensors"))
+    counts = [int((out / f"micro{r}.txt").read_text()) for r in range(world)]
     assert len(set(counts)) > 1, counts  # the ranks really had different amounts of work
     assert got["metric.loss"].tolist()[1] == sum(max(counts) - c for c in counts)  # each gap filled, reported
     for k, v in ref.model.state_dict().items():
