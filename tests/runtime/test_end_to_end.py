@@ -62,6 +62,9 @@ def laminar_run(ray_cluster, tiny_model_dir, tmp_path_factory):
         "trainer.kl_coef=0.05",
         "trainer.mini_batches=2",
         "trainer.filter_groups=true",
+        # a step filled with groups that carry a signal however many it takes (a third of the groups of this
+        # run do; a step short of them would train fewer than the 8 trajectories the invariants above count)
+        "trainer.filter_take_limit=25",
         "task.reward=tests.runtime.uneven_rewards:odd_first_digit_scores_zero",
         "run.samples_every=1",
         "run.samples_per_step=3",
