@@ -1,9 +1,10 @@
-"""How a spawned gloo rank of a test ends (`torch.multiprocessing.spawn`, no Ray)."""
+"""How a test starts its gloo ranks and how a spawned rank ends (`torch.multiprocessing`, no Ray)."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch.distributed as dist
 
@@ -19,3 +20,22 @@ def finish_rank() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+DEADLINE_S = 240  # a hang fails here rather than at gloo's own timeout
+
+
+def run_ranks(main, args: tuple, world: int, what: str) -> None:  # noqa: ANN001 - a rank's function
+    """`main(rank, world, port, *args)` on `world` spawned ranks, failing the test at `DEADLINE_S`."""
+    import pytest
+    import torch.multiprocessing as mp
+
+    from tests.trainer.test_sharded import free_port
+
+    ctx = mp.start_processes(main, args=(world, free_port(), *args), nprocs=world, join=False)
+    deadline = time.monotonic() + DEADLINE_S
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"{world} gloo ranks ({what}) did not finish in {DEADLINE_S}s")

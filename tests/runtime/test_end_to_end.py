@@ -1,4 +1,7 @@
-"""A whole run on the three-node test cluster: the invariants of trajectory-level asynchrony."""
+"""A whole run on the three-node test cluster: the invariants of trajectory-level asynchrony; and, on the same
+run, the trainer options (KL reference, two mini-batches, dynamic sampling): what each reports, the audit still
+accounts for every trajectory, TensorBoard's event files hold the step records' numbers, and the samples of each
+step are kept as text. One run for both: a run's start-up (a dozen processes) is most of its cost."""
 
 from __future__ import annotations
 
@@ -12,8 +15,11 @@ import ray
 
 from laminar.configure import load_config
 from laminar.runtime.lifetime import CONTROL
+from laminar.telemetry.audit import audit_run
 from laminar.telemetry.provenance import code_digest
 from laminar.train import train
+from tests.telemetry.test_samples import SAMPLE_FIELDS, read_texts
+from tests.telemetry.test_tracking import read_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -45,9 +51,24 @@ def tiny_run_config(model_dir, out, *extra):
 @pytest.fixture(scope="module")
 def laminar_run(ray_cluster, tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    # held-out evaluation on: at the start and every 2 steps, by the same replicas, while training goes on
     cfg = tiny_run_config(
-        tiny_model_dir, out, "eval.every=2", "eval.num_prompts=6", "eval.targets=[0.0, 1.1]"
+        tiny_model_dir,
+        out,
+        # held-out evaluation on: at the start and every 2 steps, by the same replicas, while training goes on
+        "eval.every=2",
+        "eval.num_prompts=6",
+        "eval.targets=[0.0, 1.1]",
+        # the trainer options, and a reward that gives half of the prompts no signal (dynamic sampling's case)
+        "trainer.kl_coef=0.05",
+        "trainer.mini_batches=2",
+        "trainer.filter_groups=true",
+        # a step filled with groups that carry a signal however many it takes (a third of the groups of this
+        # run do; a step short of them would train fewer than the 8 trajectories the invariants above count)
+        "trainer.filter_take_limit=25",
+        "task.reward=tests.runtime.uneven_rewards:odd_first_digit_scores_zero",
+        "run.samples_every=1",
+        "run.samples_per_step=3",
+        "task.reward_processes=1",  # the plots stay on: this run checks them
     )
     torch_in: dict[str, bool] = {}
 
@@ -63,6 +84,11 @@ def laminar_run(ray_cluster, tiny_model_dir, tmp_path_factory):
     summary = train(cfg, out, hook=look)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return out, summary, records, torch_in
+
+
+@pytest.fixture(scope="module")
+def trajectories(laminar_run):
+    return [json.loads(line) for line in (laminar_run[0] / "trajectories.jsonl").read_text().splitlines()]
 
 
 def test_the_control_actors_and_relays_never_load_torch(laminar_run):
@@ -110,9 +136,9 @@ def test_run_folder_has_everything(laminar_run):
     ):
         assert key in summary, key
     assert summary["trainer_steps"] == 4 and summary["publishes"] == 4
-    # the reward in use and why (the demo task's own: task.reward is empty)
-    assert summary["reward"]["path"] == "laminar.rewards.reverse:reverse_reward", summary["reward"]
-    assert "task.reward is empty" in summary["reward"]["why"]
+    # the reward in use and why (task.reward's; a built-in task's own is tests/runtime/test_lora_run.py's)
+    assert summary["reward"]["path"] == "tests.runtime.uneven_rewards:odd_first_digit_scores_zero"
+    assert summary["reward"]["why"] == "task.reward", summary["reward"]
 
 
 def test_every_trajectory_has_one_version_and_nothing_is_lost_or_trained_twice(laminar_run):
@@ -292,3 +318,64 @@ def test_held_out_evaluation_runs_beside_training_and_is_never_trained_on(lamina
     assert e["time_to_target"]["0.0"] == {"version": 0, "wall_s": evals[0]["t_version"]}
     assert e["time_to_target"]["1.1"] is None  # never reached: said so, not invented
     assert summary["trajectories"]["audit_ok"]
+
+
+def test_two_updates_a_step_one_publish_and_the_kl_is_reported(laminar_run):
+    _, summary, records = laminar_run[:3]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert all(r["updates"] == 2 and r["kl"] >= 0 for r in steps)
+    assert summary["publishes"] == summary["trainer_steps"] == 4  # versions advance once a step
+
+
+def test_groups_without_a_signal_are_set_aside_counted_and_audited(laminar_run, trajectories):
+    out, summary, records = laminar_run[:3]
+    rewards = defaultdict(list)  # (step, group, set aside) -> rewards
+    for row in trajectories:
+        rewards[(row["trained_at"], row["traj_id"].split(":")[0], bool(row.get("filtered")))].append(
+            row["reward"]
+        )
+    short = {r["step"] for r in records if r["kind"] == "filter_short"}
+    for (step, group, aside), values in rewards.items():
+        if aside:
+            assert len(set(values)) == 1, (step, group, values)
+        elif step not in short:  # a step filled with groups that carry a signal
+            assert len(set(values)) > 1, (step, group, values)
+    steps = [r for r in records if r["kind"] == "step"]
+    dropped = sum(r["filtered_groups"] for r in steps)
+    assert dropped >= 1  # the seeded prompt order has odd first digits among the first groups
+    assert dropped == sum(len(r["filtered_ids"]) for r in steps) // 4
+    audit = audit_run(out)
+    assert audit.ok, audit.problems
+    assert summary["filtered_groups"] == audit.filtered_groups == dropped
+    assert summary["trajectories"]["filtered"] == 4 * dropped and summary["trajectories"]["lost"] == 0
+
+
+def test_tensorboard_holds_the_step_records_numbers_and_the_start_up_is_logged(laminar_run):
+    out, records = laminar_run[0], laminar_run[2]
+    got = read_scalars(out / "tensorboard")
+    steps = [r for r in records if r["kind"] == "step"]
+    for key in ("reward_mean", "loss", "kl", "updates", "filtered_groups", "grad_norm", "tokens"):
+        want = [(r["step"], pytest.approx(float(r[key]), rel=1e-6, abs=1e-7)) for r in steps]
+        assert got[f"step/{key}"] == want, key
+    numeric = {k for r in steps for k, v in r.items() if isinstance(v, int | float) and k != "t"}
+    assert {f"step/{k}" for k in numeric} <= set(got)
+    phases = [r for r in records if r["kind"] == "phase"]
+    assert [r["t"] for r in phases] == sorted(r["t"] for r in phases)
+    text = " | ".join(r["what"] for r in phases)
+    for what in ("starting Ray", "starting the trainer", "KL reference", "3 rollout replicas", "first step"):
+        assert what in text, text
+
+
+def test_each_step_writes_its_samples_as_text_to_the_run_folder_and_tensorboard(laminar_run, trajectories):
+    out = laminar_run[0]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in samples] == [s for s in (1, 2, 3, 4) for _ in range(3)]  # every step, 3 each
+    trained = {(r["trained_at"], r["traj_id"]): r for r in trajectories if not r.get("filtered")}
+    for row in samples:
+        assert set(row) == SAMPLE_FIELDS and row["prompt_text"]
+        saved = trained[(row["step"], row["traj_id"])]  # a trajectory the step trained on
+        for key in ("version", "replica", "reward", "finish_reason", "response_text"):
+            assert row[key] == saved[key], key
+    shown = [step for tag, texts in read_texts(out / "tensorboard").items() for step, _ in texts]
+    assert shown == [1, 2, 3, 4]

@@ -31,6 +31,7 @@ def lora_run(request, ray_cluster, tiny_model_dir, tmp_path_factory):
         "trainer.checkpoint_every=2",
         "run.export=float32",
         f"trainer.lora_publish={request.param}",
+        "rollout.replicas=2",  # what is checked is the weights the replicas serve, not how many serve
     )
     summary = train(cfg, out, quiet=True)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -50,6 +51,9 @@ def test_the_replicas_serve_the_trainers_weights(lora_run):
     assert all("reward_mean" in r and r["reward_errors_in_batch"] == 0 for r in steps)
     t = summary["trajectories"]
     assert t["duplicated"] == 0 and t["lost"] == 0 and t["trained"] == 4 * 2 * 4, t  # the audit's counts
+    # the reward in use and why (the demo task's own: task.reward is empty)
+    assert summary["reward"]["path"] == "laminar.rewards.reverse:reverse_reward", summary["reward"]
+    assert "task.reward is empty" in summary["reward"]["why"]
 
 
 def test_the_checkpoint_resumes_and_exports_as_a_plain_model(lora_run, tiny_model_dir):

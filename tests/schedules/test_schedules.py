@@ -28,7 +28,7 @@ def run(schedule, model_dir, out, *extra):
             f"trainer.steps={STEPS}",
             f"trainer.groups_per_step={G}",
             f"trainer.group_size={N}",
-            "rollout.replicas=3",
+            "rollout.replicas=2",
             "rollout.groups_per_batch=1",
             "rollout.kv_blocks=64",
             "rollout.max_num_seqs=16",

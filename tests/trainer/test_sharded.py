@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import random
 import socket
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 
@@ -20,7 +18,6 @@ from laminar.engine.layout import WeightLayout
 from laminar.engine.weights import flatten_into
 from laminar.trainer.trainer import Trainer
 from tests.tiny import tiny_llama
-from tests.trainer.sharded_ranks import rank_main
 
 # with a KL term: the reference is sharded too, and after a resume (policy != reference) it moves the step
 CFG = TrainerConfig(lr=1e-3, micro_batch=3, mini_batches=2, kl_coef=0.5)
@@ -54,30 +51,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(tmp: Path, mode: str, ckpt: Path, world: int = 2) -> dict[str, torch.Tensor]:
-    tmp.mkdir(parents=True, exist_ok=True)
-    mp.spawn(rank_main, args=(world, free_port(), str(tmp), mode, str(ckpt)), nprocs=world)
-    return load_file(str(tmp / "params.safetensors"))
-
-
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    """The single-process trainer after one step on `batch()`, and its checkpoint."""
-    tr = Trainer(CFG, model=model())
-    m = tr.train_step(batch())
-    ckpt = tr.save_checkpoint(tmp_path_factory.mktemp("single") / "ckpt")
-    return tr, m, ckpt
+def two_rank_step(two_ranks):
+    """Two ranks' step from the start (its parameters), and the folder of what they wrote: the published
+    versions, the checkpoint, and the steps resumed from it and from the single trainer's (`sharded_steps`)."""
+    return load_file(str(two_ranks / "sharded" / "params.safetensors")), two_ranks / "sharded"
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("two")
-    return run_ranks(tmp, "save", tmp / "ckpt"), tmp
-
-
-def test_two_ranks_take_the_same_step_as_one(single, two_ranks):
+def test_two_ranks_take_the_same_step_as_one(single, two_rank_step):
     tr, m, _ = single
-    sharded, _ = two_ranks
+    sharded, _ = two_rank_step
     for k, v in tr.model.state_dict().items():
         if k == "lm_head.weight":
             continue  # tied: model.embed_tokens.weight
@@ -92,19 +75,19 @@ def test_two_ranks_take_the_same_step_as_one(single, two_ranks):
     )
 
 
-def test_nonfinite_rows_on_one_rank_stop_the_publish_on_every_rank(two_ranks):
-    _, tmp = two_ranks
+def test_nonfinite_rows_on_one_rank_stop_the_publish_on_every_rank(two_rank_step):
+    _, tmp = two_rank_step
     for rank in (0, 1):
         said = (tmp / f"nonfinite{rank}.txt").read_text()
         assert "'model.layers.0.mlp.up_proj.weight'" in said and "neither published nor saved" in said, said
 
 
-def test_the_published_version_of_two_ranks_is_the_single_trainers_bytes(single, two_ranks):
+def test_the_published_version_of_two_ranks_is_the_single_trainers_bytes(single, two_rank_step):
     """Each rank wrote only its rows; together they are byte for byte the layout the engine loads. (Equal
     parameters to 1e-5 are not always equal bytes, so the comparison is with the 2-rank parameters, flattened
     the single-process way.)"""
     tr, _, _ = single
-    sharded, tmp = two_ranks
+    sharded, tmp = two_rank_step
     names = tr.publish_names()
     assert sorted(names) == sorted(
         k for k in sharded if not k.startswith("metric.") and k != "lm_head.weight"
@@ -129,10 +112,10 @@ def test_the_published_version_of_two_ranks_is_the_single_trainers_bytes(single,
     assert (tmp / "published0.bin").read_bytes() == want0.tobytes()
 
 
-def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(single, two_ranks, tmp_path):
+def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(single, two_rank_step):
     """From the 2-rank checkpoint: one more step on 1 rank and on 2 ranks gives the same parameters as the
     single-process trainer taking its second step from its own checkpoint."""
-    _, tmp = two_ranks
+    _, tmp = two_rank_step
     ckpt = tmp / "ckpt"
     assert (ckpt / "config.json").is_file() and (ckpt / "model.safetensors.index.json").is_file()
     assert not (ckpt / "sharded").exists() and not list(ckpt.rglob("*.metadata"))  # no pickles
@@ -144,7 +127,7 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(single, two_ranks,
     one.load_checkpoint(ckpt)
     assert one.version == 1
     one.train_step(batch())
-    two = run_ranks(tmp_path / "two", "resume", ckpt)
+    two = load_file(str(tmp / "resumed-two" / "params.safetensors"))
     for k, v in ref.model.state_dict().items():
         if k == "lm_head.weight":
             continue
@@ -152,11 +135,11 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(single, two_ranks,
         assert float((two[k] - v).abs().max()) <= 1e-5, k
 
 
-def test_a_one_rank_checkpoint_resumes_on_two_ranks(single, tmp_path):
+def test_a_one_rank_checkpoint_resumes_on_two_ranks(single, two_ranks):
     ref = Trainer(CFG, model=model())
     ref.load_checkpoint(single[2])
     assert ref.train_step(batch())["kl"] > 0  # the policy has left the reference: the KL term moves this step
-    two = run_ranks(tmp_path, "resume", single[2])
+    two = load_file(str(two_ranks / "sharded" / "resumed-one" / "params.safetensors"))
     for k, v in ref.model.state_dict().items():
         if k != "lm_head.weight":
             assert float((two[k] - v).abs().max()) <= 1e-5, k

@@ -6,13 +6,11 @@ advantages are whitened over every rank's tokens, and its checkpoint written by 
 from __future__ import annotations
 
 import pytest
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from laminar.config import RolloutConfig, TrainerConfig
 from laminar.trainer.trainer import Trainer
-from tests.trainer.sharded_ranks import algorithm_main
-from tests.trainer.test_sharded import batch, free_port, model
+from tests.trainer.test_sharded import batch, model
 
 # the trainer's arguments of each: its config, and for Dr.GRPO the longest response (its constant)
 ALGORITHMS = {
@@ -44,14 +42,13 @@ ALGORITHMS = {
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
-def test_two_ranks_take_the_same_step_as_one(name, tmp_path):
+def test_two_ranks_take_the_same_step_as_one(name, two_ranks):
     single = Trainer(**ALGORITHMS[name], model=model())
     plan = single.plan([t.num_tokens for g in batch() for t in g])
     every = sorted(i for _, micro in plan for mb in micro for i in mb or [])
     assert every == list(range(20))  # each sequence in exactly one micro-batch, whole
     m = single.train_step(batch())
-    mp.spawn(algorithm_main, args=(2, free_port(), str(tmp_path), name), nprocs=2)
-    got = load_file(str(tmp_path / "params.safetensors"))
+    got = load_file(str(two_ranks / "algorithms" / name / "params.safetensors"))
     for k, v in single.model.state_dict().items():
         if k != "lm_head.weight":  # tied: model.embed_tokens.weight
             assert float((got[k] - v).abs().max()) <= 1e-5, k
@@ -64,7 +61,7 @@ def test_two_ranks_take_the_same_step_as_one(name, tmp_path):
         assert float((got[f"critic.{k}"] - v).abs().max()) <= 1e-5, k
     # the two ranks' checkpoint, critic and all, resumes on one rank where the single trainer stands
     back = Trainer(**ALGORITHMS[name], model=model())
-    back.load_checkpoint(tmp_path / "ckpt")
+    back.load_checkpoint(two_ranks / "algorithms" / name / "ckpt")
     pairs = zip(single.critic.model.named_parameters(), back.critic.model.parameters())
     for (n, p), q in pairs:
         assert float((p.detach() - q.detach()).abs().max()) <= 1e-5, n

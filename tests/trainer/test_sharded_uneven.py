@@ -5,22 +5,18 @@ ranks wait forever in an all-gather. 2 and 3 gloo ranks against the single-proce
 from __future__ import annotations
 
 import random
-import time
-from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from laminar.config import TrainerConfig
 from laminar.data.records import Trajectory
 from laminar.trainer.trainer import Trainer
+from tests.gloo_ranks import run_ranks
 from tests.trainer.sharded_ranks import uneven_main
-from tests.trainer.test_sharded import VOCAB, free_port, model
+from tests.trainer.test_sharded import VOCAB, model
 
 UNEVEN_CFG = TrainerConfig(lr=1e-3, micro_batch=2, kl_coef=0.5)
-
-DEADLINE_S = 120  # a hang fails here (gloo's own timeout is set shorter in the ranks)
 
 
 def uneven_batch() -> list[list[Trajectory]]:
@@ -40,27 +36,18 @@ def uneven_batch() -> list[list[Trajectory]]:
     return groups
 
 
-def run(tmp: Path, world: int) -> dict:
-    tmp.mkdir(parents=True, exist_ok=True)
-    ctx = mp.start_processes(uneven_main, args=(world, free_port(), str(tmp)), nprocs=world, join=False)
-    deadline = time.monotonic() + DEADLINE_S
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(
-                f"{world} sharded ranks with uneven micro-batches and KL did not finish in {DEADLINE_S}s"
-            )
-    return load_file(str(tmp / "params.safetensors"))
-
-
 @pytest.mark.parametrize("world", [2, 3])
-def test_uneven_micro_batches_with_kl_finish_and_match_one_process(world, tmp_path):
+def test_uneven_micro_batches_with_kl_finish_and_match_one_process(world, request, tmp_path):
     ref = Trainer(UNEVEN_CFG, model=model())
     m = ref.train_step(uneven_batch())
     assert m["kl"] >= 0
-    got = run(tmp_path, world)
-    counts = [int((tmp_path / f"micro{r}.txt").read_text()) for r in range(world)]
+    if world == 2:  # the session's two ranks ran it (tests/trainer/conftest.py)
+        out = request.getfixturevalue("two_ranks") / "uneven"
+    else:  # a hang fails at the deadline (gloo's own timeout is a minute in the ranks)
+        out = tmp_path
+        run_ranks(uneven_main, (str(out),), world, "uneven micro-batches and KL")
+    got = load_file(str(out / "params.safetensors"))
+    counts = [int((out / f"micro{r}.txt").read_text()) for r in range(world)]
     assert len(set(counts)) > 1, counts  # the ranks really had different amounts of work
     assert got["metric.loss"].tolist()[1] == sum(max(counts) - c for c in counts)  # each gap filled, reported
     for k, v in ref.model.state_dict().items():

@@ -5,18 +5,15 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from laminar.config import ConfigError, RolloutConfig
 from laminar.configure import load_config
 from laminar.trainer.logprobs import PolicyLogprobs, _ChunkedLogprob, chunked_logprobs, truncate
 from laminar.trainer.trainer import Trainer
 from tests.engine.test_truncated_sampling import SETTINGS, reference_kept, reference_logprob
-from tests.gloo_ranks import finish_rank
 from tests.trainer.test_engine_agreement import tiny_model
-from tests.trainer.test_sharded import CFG, batch, free_port, model
+from tests.trainer.test_sharded import CFG, batch, model
 
 TRUNCATED = RolloutConfig(top_k=8, top_p=0.8)  # the rollout's cut, which the trainer's log-probs take too
 
@@ -117,28 +114,11 @@ def test_packed_rows_give_the_padded_truncated_logprobs_and_gradients():
     assert all(float((a - b).abs().max()) < 1e-5 for a, b in zip(grads_a, grads_b))
 
 
-def sharded_rank(rank: int, world: int, port: int, out: str) -> None:
-    """One rank of a 2-rank gloo trainer under truncation (policy and KL reference sharded): one step, then the
-    updated parameters from rank 0."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        tr = Trainer(CFG, rollout=TRUNCATED, model=model(), rank=rank, world=world)
-        loss = tr.train_step(batch())["loss"]
-        full = {k: v.full_tensor().contiguous() for k, v in tr.model.state_dict().items()}
-        if rank == 0:
-            save_file(full | {"loss": torch.tensor([loss])}, f"{out}/params.safetensors")
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    finish_rank()
-
-
-def test_two_ranks_take_the_single_trainers_truncated_step(tmp_path):
+def test_two_ranks_take_the_single_trainers_truncated_step(two_ranks):
     single = Trainer(CFG, rollout=TRUNCATED, model=model())
     loss = single.train_step(batch())["loss"]
-    mp.spawn(sharded_rank, args=(2, free_port(), str(tmp_path)), nprocs=2)
-    sharded = load_file(str(tmp_path / "params.safetensors"))
-    assert sharded.pop("loss").item() == pytest.approx(loss, abs=1e-5)
+    sharded = load_file(str(two_ranks / "truncated" / "params.safetensors"))  # `sharded_ranks.truncated_step`
+    assert sharded.pop("metric.loss").item() == pytest.approx(loss, abs=1e-5)
     for k, v in single.model.state_dict().items():
         assert float((sharded[k] - v).abs().max()) <= 1e-5, k
 
