@@ -145,12 +145,16 @@ def test_every_trajectory_has_one_version_and_nothing_is_lost_or_trained_twice(l
     _, summary, records = laminar_run[:3]
     steps = [r for r in records if r["kind"] == "step"]
     trained = [tid for r in steps for tid in r["traj_versions"]]
-    assert len(trained) == len(set(trained)) == 4 * 2 * 4
+    # 2 groups of 4 a step; with dynamic sampling a step short of groups with a signal trains fewer
+    # (`filter_short`), never more
+    short = {r["step"] for r in records if r["kind"] == "filter_short"}
+    assert len(trained) == len(set(trained)) == sum(r["trajectories"] for r in steps)
+    assert all(r["trajectories"] == 8 or r["step"] in short for r in steps)
     for r in steps:
         for tid, versions in r["traj_versions"].items():
             assert len(versions) == 1, (tid, versions)
     t = summary["trajectories"]
-    assert t["lost"] == 0 and t["duplicated"] == 0 and t["trained"] == 32
+    assert t["lost"] == 0 and t["duplicated"] == 0 and t["trained"] == len(trained)
 
 
 def test_versions_on_each_replica_never_go_back_and_staleness_is_recorded(laminar_run):
@@ -163,7 +167,7 @@ def test_versions_on_each_replica_never_go_back_and_staleness_is_recorded(lamina
     for versions in seen.values():
         assert versions == sorted(versions)
     steps = [r for r in records if r["kind"] == "step"]
-    assert all(len(r["staleness"]) == 8 and min(r["staleness"]) >= 0 for r in steps)
+    assert all(len(r["staleness"]) == r["trajectories"] and min(r["staleness"]) >= 0 for r in steps)
     assert summary["staleness"]["max"] >= 0 and "p99" in summary["staleness"]
     # weights did travel: replicas pulled newer versions from their relays
     assert summary["pulls"] >= 1
@@ -299,7 +303,8 @@ def test_laminar_audit_passes_on_the_run_and_agrees_with_the_summary(laminar_run
     assert capsys.readouterr().out.strip().endswith("ok")
     audit = audit_run(out)
     t = summary["trajectories"]
-    assert audit.ok and t["audit_ok"] and audit.trained == t["trained"] == 32
+    trained = sum(r["trajectories"] for r in records if r["kind"] == "step")
+    assert audit.ok and t["audit_ok"] and audit.trained == t["trained"] == trained
     assert (t["lost"], t["duplicated"]) == (audit.counts()["lost"], audit.counts()["duplicated"]) == (0, 0)
 
 
