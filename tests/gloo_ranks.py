@@ -5,8 +5,22 @@ from __future__ import annotations
 import os
 import sys
 import time
+from datetime import timedelta
 
+import torch
 import torch.distributed as dist
+
+
+def join_gloo(rank: int, world: int, port: int, timeout_s: float = 60.0) -> None:
+    """Join a spawned test's gloo group on this machine, one torch thread a rank (two ranks share two cores)."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
 
 
 def finish_rank() -> None:

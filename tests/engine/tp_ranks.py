@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pickle
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -14,7 +13,7 @@ import torch.distributed as dist
 from laminar.engine import Engine, ModelConfig, SamplingParams, flatten_state_dict
 from laminar.engine.model import CausalLM
 from laminar.engine.tensor_parallel import TPGroup
-from tests.gloo_ranks import finish_rank
+from tests.gloo_ranks import finish_rank, join_gloo
 
 SHAPE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, max_position_embeddings=256)
 CONFIGS = {
@@ -113,14 +112,7 @@ def diverged(tp: TPGroup) -> str:
 
 def rank_main(rank: int, world: int, port: int, out: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, world, port)
     try:
         tp = TPGroup.of(check=True)  # every step's tokens and log-probs compared across the ranks
         results = {name: generate(cfg, tp) for name, cfg in CONFIGS.items()}

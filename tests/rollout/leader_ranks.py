@@ -6,16 +6,13 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-from datetime import timedelta
 from pathlib import Path
-
-import torch
-import torch.distributed as dist
 
 from laminar.engine.tensor_parallel import TPGroup
 from laminar.relay.pull import SlotReader
 from laminar.rollout.tensor_parallel import Channel, Leader, follow
 from tests.engine.tp_ranks import CONFIGS, MOVE_AFTER, PROMPTS, add_all, drain, engine
+from tests.gloo_ranks import join_gloo
 
 CFG = CONFIGS["llama"]  # two KV heads, one a rank
 SLOT_VERSION = 1
@@ -43,14 +40,7 @@ def moved_from(src, dst) -> dict:
 
 def rank_main(rank: int, world: int, port: int, out: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, world, port)
     channel = Channel.join(rank, world, idle_s=60)
     tp = TPGroup(rank, world, check=True)  # every step's tokens and log-probs compared across the ranks
     mine = engine(CFG, tp)
