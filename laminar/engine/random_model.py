@@ -47,6 +47,15 @@ SHAPES = {
         vocab_size=152064,
         tie_word_embeddings=False,
     ),
+    "qwen2.5-14b": dict(
+        hidden_size=5120,
+        num_hidden_layers=48,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        intermediate_size=13824,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
     "qwen2.5-32b": dict(
         hidden_size=5120,
         num_hidden_layers=64,

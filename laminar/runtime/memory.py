@@ -10,7 +10,9 @@ swapping, or being killed, minutes later.
     trainer per rank     = parameters x (4 fp32 weights + 4 gradients + 8 AdamW moments [+ 2 bf16 copy on CUDA]
                            [+ the reference's copy with trainer.kl_coef]) / ranks; LoRA: the frozen fp32 base
                            + a micro-batch's activations: tokens x (layers x (6 hidden + 4 intermediate) x dtype
-                           bytes + vocabulary x 3 x 4 bytes: the fp32 logits, log-softmax and their gradient)
+                           bytes + vocabulary x 3 x 4 bytes: the fp32 logits, log-softmax and their gradient);
+                           with trainer.activation_checkpointing each layer keeps only its input (hidden x dtype
+                           bytes a token a layer) and one layer's whole activations live at a time
     relay slots          = relay.slots x parameters x the published dtype's bytes, in shared memory, per relay
                            (LoRA adapters published alone: their rank x (in + out) numbers a projection)
 
@@ -104,7 +106,12 @@ def estimate(cfg: Any, shape: Any, parameters: int, cuda: bool) -> MemoryEstimat
     if t.kl_coef > 0:
         per_param += 2 if cuda else 4
     tokens = t.micro_batch_tokens or t.micro_batch * 2 * r.max_new_tokens
-    per_token = shape.num_layers * (6 * shape.hidden_size + 4 * shape.intermediate_size) * (2 if cuda else 4)
+    act_bytes = 2 if cuda else 4
+    layer = (6 * shape.hidden_size + 4 * shape.intermediate_size) * act_bytes
+    if t.activation_checkpointing:  # saved inputs of every layer, one layer recomputed in the backward
+        per_token = shape.num_layers * shape.hidden_size * act_bytes + layer
+    else:
+        per_token = shape.num_layers * layer
     per_token += shape.vocab_size * 3 * 4
     published, replica_weights = parameters, parameters
     if t.publishes_adapters:  # the replicas keep the base of the adapted weights beside them

@@ -49,6 +49,13 @@ def test_the_kv_cache_weights_trainer_and_relays_follow_the_formula():
         gpu.kv_per_replica == est.kv_per_replica // 2 and gpu.trainer_state == PARAMETERS * 18
     )  # bf16; its copy
     assert gpu.trainer_activations == 1000 * (30 * (6 * 576 + 4 * 1536) * 2 + 49152 * 3 * 4)
+    recomputed = estimate(
+        load_config(None, ["trainer.micro_batch_tokens=1000", "trainer.activation_checkpointing=true"]),
+        SMOLLM2,
+        PARAMETERS,
+        cuda=True,
+    )  # every layer's input kept, one layer's activations at a time
+    assert recomputed.trainer_activations == 1000 * ((30 * 576 + 6 * 576 + 4 * 1536) * 2 + 49152 * 3 * 4)
     assert gpu.host == 2 * (gpu.relay_slots + RELAY_PROCESS_BYTES) + 4 * PROCESS_BYTES  # GPU memory apart
     sharded = estimate(load_config(None, ["trainer.num_workers=4"]), SMOLLM2, PARAMETERS, cuda=True)
     assert sharded.trainer_state == PARAMETERS * 18 // 4
