@@ -36,7 +36,7 @@ OUT = RESULTS / "sim-tools"
 MEASURED = RESULTS / "schedules-tools-gpu"
 SCHEDULES = ("sync", "one_step", "stream", "partial", "laminar")
 NOW = dict(max_lag=0, repack=dict(only_with_work=True, newest_first=True, max_age=3))  # runtime defaults
-BEFORE = dict(max_lag=-1, repack=dict(only_with_work=True, newest_first=False, max_age=-1))  # 2026-11-26
+BEFORE = dict(max_lag=None, repack=dict(only_with_work=True, newest_first=False, max_age=None))  # 2026-11-26
 
 
 def tools_config(cost, seed: int, replicas: int, policy: dict, **changes):
@@ -95,11 +95,11 @@ def pool_use(records: Path | None) -> tuple[list[dict], list[str]]:
         else json.loads((OUT / "study.json").read_text())["gpu_pool_use"]
     )
     lines = [
-            "",
-            f"## The GPU runs' tool pools: 4 workers a replica serve {capacity:.1f} calls a second",
-            "",
-            "| three replicas | tool calls / s / replica | share of 4 workers' capacity | calls a trajectory |",
-            "|---|---|---|---|",
+        "",
+        f"## The GPU runs' tool pools: 4 workers a replica serve {capacity:.1f} calls a second",
+        "",
+        "| three replicas | tool calls / s / replica | share of 4 workers' capacity | calls a trajectory |",
+        "|---|---|---|---|",
     ]
     for r in rows:
         rate, per_trajectory = r["calls_per_s_per_replica"], r["calls_per_trajectory"]

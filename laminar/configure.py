@@ -19,6 +19,12 @@ from laminar.tasks import choices as task_choices
 
 
 def _coerce(path: str, value: Any, kind: type) -> Any:
+    if (
+        _optional(kind) is not None
+    ):  # `int | None`: null for none; -1, the spelling before null, reads as null
+        if value is None or (value == -1 and not isinstance(value, bool)):
+            return None
+        return _coerce(path, value, _optional(kind))
     if get_origin(kind) is list:  # one value stands for a list of one; "" for none
         items = [] if value in ("", None) else value if isinstance(value, list) else [value]
         return [_coerce(f"{path}[{i}]", v, get_args(kind)[0]) for i, v in enumerate(items)]
@@ -50,6 +56,15 @@ def _coerce(path: str, value: Any, kind: type) -> Any:
             raise ConfigError(f"{path}: expected a string, got {value!r}")
         return str(value)
     return value
+
+
+def _optional(kind: Any) -> type | None:
+    """The type `kind` makes optional (`int` of `int | None`), else None."""
+    args = get_args(kind)
+    if type(None) not in args or get_origin(kind) is list:
+        return None
+    (inner,) = [a for a in args if a is not type(None)]
+    return inner
 
 
 def _apply(obj: Any, data: dict[str, Any], prefix: str = "") -> None:

@@ -59,6 +59,8 @@ def test_yaml_then_overrides(tmp_path):
         ("run.samples_every=-1", ["run.samples_every", "0 (no samples) or a number of trainer steps"]),
         ("run.samples_per_step=0", ["run.samples_per_step", "at least 1"]),
         ("run.verbose=loud", ["run.verbose", "true or false"]),
+        ("repack.max_age=-2", ["repack.max_age", "null (none) or >= 0"]),
+        ("schedule.max_lag=-3", ["schedule.max_lag", "null (none) or >= 0"]),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_valid(override, names):
@@ -66,6 +68,16 @@ def test_bad_values_name_the_field_and_what_is_valid(override, names):
         load_config(None, override.split())
     for name in names:
         assert name in str(err.value)
+
+
+def test_none_is_null_and_the_older_minus_one_reads_as_null(tmp_path):
+    """A bound or age that may be none takes YAML's null; -1, its spelling before null, still loads as none."""
+    path = tmp_path / "c.yaml"
+    path.write_text("repack:\n  max_age: null\nbuffer:\n  max_staleness: -1\nschedule:\n  max_lag: 2\n")
+    cfg = load_config(path, ["schedule.max_staleness=-1", "schedule.max_lag=null"])
+    assert cfg.repack.max_age is None and cfg.buffer.max_staleness is None
+    assert cfg.schedule.max_lag is None and cfg.schedule.max_staleness is None
+    assert load_config(None, ["buffer.max_staleness=3"]).buffer.max_staleness == 3
 
 
 def test_on_and_off_read_as_such_from_yaml_and_overrides(tmp_path):

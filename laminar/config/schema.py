@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from laminar.config.checks import check_field
+from laminar.config.checks import NONE_OR_COUNT, check_field
 from laminar.config.rollout import RolloutConfig
 from laminar.config.task import TaskConfig
 from laminar.config.trainer import TrainerConfig
@@ -92,7 +92,8 @@ class RepackConfig:
     # which tails the release cap packs first: false = the oldest versions', true = the newest versions' (the
     # oldest, the staleness tail, keep running alone at their fastest)
     newest_first: bool = True
-    max_age: int = 3  # leave replicas running work this many versions behind the trainer alone; -1 = none
+    # leave replicas running work this many versions behind the trainer alone; null = none (-1 reads as null)
+    max_age: int | None = 3
     # a moved trajectory takes its cached keys and values along (the destination prefills nothing again);
     # false: it re-prefills its context there
     move_kv: bool = False
@@ -114,7 +115,7 @@ class RepackConfig:
             self.capped_batch_limit_b,
             "0 (= batch_limit_b) or a running count",
         )
-        check_field(self.max_age >= -1, "repack.max_age", self.max_age, "-1 (none) or >= 0")
+        check_field(self.max_age is None or self.max_age >= 0, "repack.max_age", self.max_age, NONE_OR_COUNT)
         check_field(
             0.0 < self.ramp_down_frac <= 1.0,
             "repack.ramp_down_frac",
@@ -127,9 +128,9 @@ class RepackConfig:
 class BufferConfig:
     # groups dispatched and not yet trained on, at most (flow control); 0 = three trainer steps' worth
     capacity_groups: int = 0
-    # complete groups older than this are dropped when sampled; -1 = keep all (schedule.max_staleness bounds
-    # staleness without dropping anything; stream/partial use schedule.staleness)
-    max_staleness: int = -1
+    # complete groups older than this are dropped when sampled; null = keep all (schedule.max_staleness bounds
+    # staleness without dropping anything; stream/partial use schedule.staleness); -1 reads as null
+    max_staleness: int | None = None
     # which complete groups the trainer takes: fifo (first completed), oldest (oldest version first: a lower
     # staleness tail), freshest, or module:function (laminar.data.experience_buffer.Sampler)
     sampler: str = "fifo"
@@ -143,6 +144,12 @@ class BufferConfig:
             self.capacity_groups,
             f"0 (three trainer steps) or at least trainer.groups_per_step ({t.groups_per_step})",
         )
+        check_field(
+            self.max_staleness is None or self.max_staleness >= 0,
+            "buffer.max_staleness",
+            self.max_staleness,
+            NONE_OR_COUNT,
+        )
 
 
 @dataclass
@@ -151,21 +158,23 @@ class ScheduleConfig:
     staleness: int = 2  # k for stream / partial
     global_push: bool = False  # laminar ablation: wait for every relay to hold each version (a global push)
     # laminar: a replica more than this many versions behind the trainer gets no new work until it pulls
-    # (0: every group starts on the newest version); -1 = no bound
-    max_lag: int = 0
+    # (0: every group starts on the newest version); null = no bound (-1 reads as null)
+    max_lag: int | None = 0
     # laminar: no group is trained more than this many versions after the one that generated it (new work waits
-    # while an old group's long tail runs; `Dispatch.max_staleness`); -1 = no bound
-    max_staleness: int = 4
+    # while an old group's long tail runs; `Dispatch.max_staleness`); null = no bound (-1 reads as null)
+    max_staleness: int | None = 4
 
     def check(self, cfg: Config) -> None:
         """Raise `ConfigError` naming the first field of this section that is wrong."""
         check_field(self.staleness >= 0, "schedule.staleness", self.staleness, "a non-negative integer")
-        check_field(self.max_lag >= -1, "schedule.max_lag", self.max_lag, "-1 (no bound) or >= 0")
         check_field(
-            self.max_staleness >= -1,
+            self.max_lag is None or self.max_lag >= 0, "schedule.max_lag", self.max_lag, NONE_OR_COUNT
+        )
+        check_field(
+            self.max_staleness is None or self.max_staleness >= 0,
             "schedule.max_staleness",
             self.max_staleness,
-            "-1 (no bound) or >= 0",
+            NONE_OR_COUNT,
         )
 
 

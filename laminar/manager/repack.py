@@ -323,7 +323,7 @@ def plan_with(
         kv_capacity_frac=policy.kv_capacity,
         max_released=max_released,
         newest_first=policy.newest_first,
-        min_version=None if age < 0 else trainer_version - age + 1,
+        min_version=None if age is None else trainer_version - age + 1,
         capped_batch_limit_b=policy.capped_batch_limit_b,
         ramp_down_frac=policy.ramp_down_frac,
     )

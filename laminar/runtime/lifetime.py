@@ -128,7 +128,7 @@ class Lifetime:
         rt.buffer = BufferActor.options(**here, name=BUFFER, namespace=rt.namespace).remote(
             t.group_size,
             4 * cfg.buffer.capacity_groups * t.group_size,  # a hard bound well above the dispatch bound
-            None if cfg.buffer.max_staleness < 0 else cfg.buffer.max_staleness,
+            cfg.buffer.max_staleness,
             rt.prompt_pool,
             rt.manager,
             cfg.buffer.sampler,

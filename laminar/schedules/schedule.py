@@ -68,13 +68,12 @@ class Schedule:
         elif name in ("stream", "partial"):
             rule = Dispatch(cfg.rollout.groups_per_batch, cap, g, ahead=cfg.schedule.staleness)
         elif name == "laminar":
-            lag, bound = cfg.schedule.max_lag, cfg.schedule.max_staleness
             rule = Dispatch(
                 cfg.rollout.groups_per_batch,
                 cap,
                 g,
-                max_lag=None if lag < 0 else lag,
-                max_staleness=None if bound < 0 else bound,
+                max_lag=cfg.schedule.max_lag,
+                max_staleness=cfg.schedule.max_staleness,
             )
         else:
             raise ValueError(f"schedule.name={name!r}; valid: {' | '.join(NAMES)}")

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from laminar.config import ConfigError, RepackConfig
+from laminar.config.checks import NONE_OR_COUNT
 from laminar.data.experience_buffer import SAMPLERS
 from laminar.schedules.schedule import NAMES
 from laminar.sim.cost import MODELS, CostModel
@@ -48,9 +49,11 @@ class SimConfig:
     staleness_k: int = 4  # stream / partial: most versions a consumed trajectory may lag
     # Laminar's dispatch policy (the runtime's defaults):
     max_ahead_batches: float = 3.0  # groups dispatched and not yet trained, in global batches (trainer steps)
-    max_lag: int = 0  # `schedule.max_lag`: new work only for replicas holding the trainer's version (-1: any)
-    max_staleness: int = (
-        4  # `schedule.max_staleness`: no group trained more versions late than this (-1: none)
+    max_lag: int | None = (
+        0  # `schedule.max_lag`: new work only for replicas holding the trainer's version (None: any)
+    )
+    max_staleness: int | None = (
+        4  # `schedule.max_staleness`: no group trained more versions late (None: no bound)
     )
     replica_fill: float = 1.0  # laminar: a replica's prompt batch fills this share of max_num_seqs
     # the runtime's `repack` section, whole (`laminar.manager.repack.plan_with` reads it for both); here a round
@@ -90,8 +93,8 @@ class SimConfig:
                 f"sampler={self.sampler!r}; valid: {', '.join(SAMPLERS)} (the experience buffer's built-in samplers)"
             )
         for name in ("max_lag", "max_staleness"):
-            if getattr(self, name) < -1:
-                raise ValueError(f"{name}={getattr(self, name)} must be -1 (none) or >= 0")
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be {NONE_OR_COUNT}")
         check_repack(self.repack)
         if self.max_ahead_batches < 1.0:
             raise ValueError(f"max_ahead_batches={self.max_ahead_batches} must be >= 1")

@@ -62,11 +62,11 @@ def small_gpu_config(cost: CostModel | None = None, **changes: Any) -> SimConfig
             batch_limit_b=256,
             only_with_work=False,
             newest_first=False,
-            max_age=-1,
+            max_age=None,
             capped_batch_limit_b=0,
         ),
-        max_lag=-1,  # and its dispatch policy then (no version gate)
-        max_staleness=-1,  # (and before the staleness bound)
+        max_lag=None,  # and its dispatch policy then (no version gate)
+        max_staleness=None,  # (and before the staleness bound)
         lengths=LengthConfig(
             kind="bench",
             median=256,

@@ -100,7 +100,7 @@ def test_repacked_and_recovered_trajectories_finish_exactly_as_if_they_had_staye
             # 256 KV blocks): the first rounds already move, every run. (Without the staleness bound, which at
             # 2 groups a step would hold the first dispatch to 10 groups and leave the third replica idle.)
             "rollout.groups_per_batch=6",
-            "schedule.max_staleness=-1",
+            "schedule.max_staleness=null",
             "rollout.kv_blocks=256",
             "rollout.max_new_tokens=100",
             "trainer.steps=24",

@@ -76,7 +76,7 @@ def tp_run(ray_cluster, tiny_model_dir, tmp_path_factory):
             "rollout.groups_per_batch=4",
             "rollout.kv_blocks=128",
             "rollout.max_num_seqs=16",
-            "schedule.max_staleness=-1",
+            "schedule.max_staleness=null",
             "buffer.capacity_groups=12",
             "repack.interval_s=0.02",
             "repack.batch_limit_b=64",

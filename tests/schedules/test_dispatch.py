@@ -50,7 +50,7 @@ def test_max_lag_gives_new_work_only_to_replicas_close_to_the_trainer():
     built = Schedule.from_config(load_config(None, ["schedule.max_lag=0"])).dispatch
     assert built.max_lag == 0 and built.ahead is None
     assert Schedule.from_config(load_config(None, [])).dispatch.max_lag == 0  # the runtime's default
-    assert Schedule.from_config(load_config(None, ["schedule.max_lag=-1"])).dispatch.max_lag is None
+    assert Schedule.from_config(load_config(None, ["schedule.max_lag=null"])).dispatch.max_lag is None
 
 
 def test_max_staleness_holds_new_work_back_while_an_old_group_still_runs():
@@ -73,7 +73,7 @@ def test_max_staleness_holds_new_work_back_while_an_old_group_still_runs():
     assert lagging.quota(1, 3, dispatched=24, consumed=16, oldest=None) == 0
     assert Dispatch(4, 24, 8).quota(3, 3, dispatched=24, consumed=16, oldest=0) == 4  # no bound
     assert Schedule.from_config(load_config(None, [])).dispatch.max_staleness == 4  # the runtime's default
-    free = Schedule.from_config(load_config(None, ["schedule.max_staleness=-1"])).dispatch
+    free = Schedule.from_config(load_config(None, ["schedule.max_staleness=null"])).dispatch
     assert free.max_staleness is None
     assert Schedule.from_config(load_config(None, ["schedule.name=stream"])).dispatch.max_staleness is None
 

@@ -244,10 +244,10 @@ def test_laminar_dispatch_policy_keeps_staleness_p99_within_4() -> None:
         steps=12,
         warmup_steps=3,
         trainer_frac=0.375,
-        max_staleness=-1,
+        max_staleness=None,
     )
     policy, _ = simulate(cfg)
-    lagging, _ = simulate(cfg.with_(max_lag=-1))
+    lagging, _ = simulate(cfg.with_(max_lag=None))
     assert policy["staleness"]["p99"] <= 4 < lagging["staleness"]["p99"]
     assert policy["staleness"]["mean"] < lagging["staleness"]["mean"] - 0.5
     assert policy["training_throughput"] > 0.98 * lagging["training_throughput"]
@@ -271,7 +271,7 @@ def test_the_staleness_bound_holds_on_every_seed_where_long_tails_passed_it() ->
     policy = dict(schedule="laminar", steps=16, max_lag=0, repack=repack)
     free, bounded = [], []
     for seed in range(4):
-        free.append(simulate(small_gpu_config(seed=seed, max_staleness=-1, **policy))[0])
+        free.append(simulate(small_gpu_config(seed=seed, max_staleness=None, **policy))[0])
         for k in (4, 2):
             summary, cluster = simulate(small_gpu_config(seed=seed, max_staleness=k, **policy), audit=True)
             assert summary["staleness"]["max"] <= k, (seed, k, summary["staleness"])

@@ -62,8 +62,8 @@ def test_simulated_schedule_is_the_measured_runs_schedule(schedule: str) -> None
     then = [
         "model.path=",
         f"schedule.name={name}",
-        "schedule.max_lag=-1",
-        "schedule.max_staleness=-1",
+        "schedule.max_lag=null",
+        "schedule.max_staleness=null",
         *extra,
     ]
     measured = Schedule.from_config(load_config(GPU_CONFIG, then))
