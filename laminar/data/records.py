@@ -11,9 +11,11 @@ def traj_id(group_id: int, sample_idx: int) -> str:
     return f"{group_id}:{sample_idx}"
 
 
-def group_of(traj_id: str) -> int:
-    """The group a trajectory id belongs to (`traj_id`'s inverse, first half)."""
-    return int(traj_id.split(":", 1)[0])
+def group_of(traj_id: str) -> int | None:
+    """The group a trajectory id belongs to (`traj_id`'s inverse, first half); None for an id not of that form,
+    which the repack planner keeps as a group of its own."""
+    group, sep, _ = traj_id.partition(":")
+    return int(group) if sep else None
 
 
 def is_eval(group_id: int) -> bool:

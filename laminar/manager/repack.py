@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from laminar.data.records import group_of
+
 if TYPE_CHECKING:
     from laminar.config import RepackConfig
 
@@ -49,13 +51,6 @@ class RepackPlan:
     released: tuple[int, ...] = ()
 
 
-def group_of_request(request_id: str) -> str | None:
-    """A request's group: the first half of its trajectory id ("GROUP:SAMPLE", `laminar.data.records.traj_id`);
-    None for an id without one, which the planner treats as a group of its own."""
-    group, sep, _ = request_id.partition(":")
-    return group if sep else None
-
-
 def split_groups(loads: Iterable[ReplicaLoad], plan: RepackPlan) -> int:
     """Groups whose requests are on more than one replica once the plan's moves are made: each such request
     drafts only from the part of its group its replica holds."""
@@ -64,7 +59,7 @@ def split_groups(loads: Iterable[ReplicaLoad], plan: RepackPlan) -> int:
         where[m.request_id] = m.destination
     replicas: dict[str, set[int]] = defaultdict(set)
     for rid, replica in where.items():
-        group = group_of_request(rid)
+        group = group_of(rid)
         if group is not None:
             replicas[group].add(replica)
     return sum(len(s) > 1 for s in replicas.values())
@@ -101,7 +96,7 @@ class _Bin:
     requests: tuple[tuple[str, int], ...]
     released: bool = False
     received: bool = False
-    groups: Counter[str] = field(default_factory=Counter)  # requests it holds of each group
+    groups: Counter[int | str] = field(default_factory=Counter)  # requests it holds of each group
 
 
 Choose = Callable[[list[_Bin], int, int], "_Bin | None"]
@@ -144,7 +139,7 @@ Trial = list[tuple[str, int, _Bin]]
 def _put(trial: Trial, request_id: str, blocks: int, dest: _Bin) -> None:
     dest.kv += blocks
     dest.running += 1
-    group = group_of_request(request_id)
+    group = group_of(request_id)
     if group is not None:
         dest.groups[group] += 1
     trial.append((request_id, blocks, dest))
@@ -154,7 +149,7 @@ def _undo(trial: Trial) -> None:
     for request_id, blocks, dest in trial:
         dest.kv -= blocks
         dest.running -= 1
-        group = group_of_request(request_id)
+        group = group_of(request_id)
         if group is not None:
             dest.groups[group] -= 1
 
@@ -176,11 +171,15 @@ def _place_groups(
     """Each group of the source whole on one destination, the largest group first: among those that fit it,
     one that holds most of its siblings already, else the one `choose` picks for the group's blocks. A group
     that fits on no one destination is placed request by request, as without groups."""
-    units: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    units: dict[int | str, list[tuple[str, int]]] = defaultdict(
+        list
+    )  # by group, else by the request's own id
     for request_id, blocks in reqs:
-        units[group_of_request(request_id) or request_id].append((request_id, blocks))
+        group = group_of(request_id)
+        units[request_id if group is None else group].append((request_id, blocks))
     trial: Trial = []
-    for group, members in sorted(units.items(), key=lambda u: (-sum(b for _, b in u[1]), u[0])):
+    # the largest first; on a tie by the id's text (its group's digits), so the order never depends on the key type
+    for group, members in sorted(units.items(), key=lambda u: (-sum(b for _, b in u[1]), str(u[0]))):
         n, need = len(members), sum(b for _, b in members)
         fits = [b for b in others if b.running + n <= batch_limit_b and b.kv + need <= b.kv_max]
         most = max((b.groups[group] for b in fits), default=0)
@@ -258,7 +257,7 @@ def _bins(group: Sequence[ReplicaLoad], kv_capacity_frac: float) -> list[_Bin]:
             r.running,
             kv_capacity_frac * r.kv_blocks_total,
             r.requests,
-            groups=Counter(g for rid, _ in r.requests if (g := group_of_request(rid)) is not None),
+            groups=Counter(g for rid, _ in r.requests if (g := group_of(rid)) is not None),
         )
         for r in group
     ]
@@ -366,7 +365,7 @@ def plan_repack(
     finishes, and a group moved that early pays the move for most of its life.
 
     `keep_groups`: a request drafts its speculative tokens only from the part of its group (the requests of
-    one prompt, `group_of_request`) that its replica holds, so the planner also plans each source's groups
+    one prompt, `laminar.data.records.group_of`) that its replica holds, so the planner also plans each source's groups
     whole, onto a destination that holds their siblings where one fits, and takes that plan when it leaves
     fewer groups split (`split_groups`) while releasing as many replicas with no more moves and no more KV
     blocks moved; else it keeps the plan without groups. It is on whatever `rollout.speculation` says: the

@@ -9,11 +9,10 @@ import random
 
 from laminar.data.experience_buffer import ExperienceBuffer
 from laminar.data.partial_pool import PartialPool
-from laminar.data.records import PromptGroup
+from laminar.data.records import PromptGroup, group_of
 from laminar.manager.repack import (
     RepackPlan,
     ReplicaLoad,
-    group_of_request,
     plan_repack,
     split_groups,
 )
@@ -31,9 +30,9 @@ def _blocks(loads: list[ReplicaLoad], plan: RepackPlan) -> int:
     return sum(blocks[m.request_id] for m in plan.moves)
 
 
-def test_group_of_request_and_split_groups() -> None:
-    assert group_of_request("12:3") == "12" and group_of_request("-4:0") == "-4"
-    assert group_of_request("0-1") is None  # no group: one of its own
+def test_group_of_and_split_groups() -> None:
+    assert group_of("12:3") == 12 and group_of("-4:0") == -4
+    assert group_of("0-1") is None  # no group: one of its own
     loads = [_replica(0, {"1:0": 5, "2:0": 5, "x": 1}), _replica(1, {"1:1": 5, "y": 1})]
     assert split_groups(loads, RepackPlan()) == 1
     assert split_groups([_replica(0, {"x": 1}), _replica(1, {"y": 1})], RepackPlan()) == 0
