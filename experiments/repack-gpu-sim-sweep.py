@@ -42,8 +42,8 @@ def base(seed: int, groups_per_step: int):
         seed=seed,
         steps=12,
         warmup_steps=3,
-        schedule="laminar",
-        max_lag=0,  # the runtime's dispatch defaults (small_gpu_config pins the older runs' policy)
+        # the runtime's dispatch defaults (small_gpu_config pins the older runs' policy)
+        schedule={"name": "laminar", "max_lag": 0},
         repack=dict(only_with_work=True, newest_first=True, max_age=3),
         lengths=lengths,
         groups_per_step=groups_per_step,

@@ -35,8 +35,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 OUT = RESULTS / "sim-tools"
 MEASURED = RESULTS / "schedules-tools-gpu"
 SCHEDULES = ("sync", "one_step", "stream", "partial", "laminar")
-NOW = dict(max_lag=0, repack=dict(only_with_work=True, newest_first=True, max_age=3))  # runtime defaults
-BEFORE = dict(max_lag=None, repack=dict(only_with_work=True, newest_first=False, max_age=None))  # 2026-11-26
+# the runtime's defaults, and its policy of 2026-11-26
+NOW = dict(schedule={"max_lag": 0}, repack=dict(only_with_work=True, newest_first=True, max_age=3))
+BEFORE = dict(schedule={"max_lag": None}, repack=dict(only_with_work=True, newest_first=False, max_age=None))
 
 
 def tools_config(cost, seed: int, replicas: int, policy: dict, **changes):
@@ -190,7 +191,7 @@ def sweep_workers(cost, steps: int, warmup: int, sweep: dict) -> list[str]:
             for s in SCHEDULES
         ]
         out = run_many(cfgs, 2)
-        by = {s: [o for c, o in zip(cfgs, out) if c.schedule == s] for s in SCHEDULES}
+        by = {s: [o for c, o in zip(cfgs, out) if c.schedule.name == s] for s in SCHEDULES}
         mean = {s: statistics.mean(o["training_throughput"] for o in by[s]) for s in SCHEDULES}
         p99 = max(o["staleness"]["p99"] for o in by["laminar"])
         best = max(mean[s] for s in SCHEDULES if s != "laminar")

@@ -67,7 +67,9 @@ def _optional(kind: Any) -> type | None:
     return inner
 
 
-def _apply(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
+def set_fields(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
+    """Set the fields `data` names on the dataclass `obj` (sections too, recursively), each read as its type
+    says; `prefix` names `obj` in errors. The simulator reads the runtime's sections it holds with it."""
     hints = get_type_hints(type(obj))
     names = [f.name for f in dataclasses.fields(obj)]
     for key, value in data.items():
@@ -80,7 +82,7 @@ def _apply(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: expected a section (mapping), got {value!r}")
-            _apply(current, value, prefix=f"{path}.")
+            set_fields(current, value, prefix=f"{path}.")
         else:
             setattr(obj, key, _coerce(path, value, hints[key]))
 
@@ -119,10 +121,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             raise ConfigError(
                 f"config file {str(p)!r} must hold a mapping of sections, got {type(data).__name__}"
             )
-        _apply(cfg, data)
+        set_fields(cfg, data)
     for text in overrides:
         key, value = parse_override(text)
-        _apply(cfg, _nest(key, value))
+        set_fields(cfg, _nest(key, value))
     if cfg.buffer.capacity_groups == 0:  # three trainer steps ahead (the simulated dispatch policy)
         cfg.buffer.capacity_groups = 3 * cfg.trainer.groups_per_step
     validate(cfg)

@@ -24,7 +24,10 @@ from laminar.sim.plots import plot_runs
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="laminar simulate", description=__doc__)
-    p.add_argument("--config", help="YAML file of SimConfig fields (nested `lengths:` and `cost:`)")
+    p.add_argument(
+        "--config",
+        help="YAML file of SimConfig fields (the runtime's `schedule:` and `repack:` sections, and `lengths:` and `cost:`)",
+    )
     p.add_argument("--out", default="runs/sim", help="directory for summary.json and plots")
     p.add_argument("--schedule", default="all", help=f"comma list or 'all' of: {', '.join(SCHEDULES)}")
     p.add_argument("--gpus", type=int)

@@ -97,7 +97,7 @@ class Cluster:
             for rid in range(cfg.rollout_replicas)
         ]
         self.machines = self.replicas[-1].machine + 1
-        self.trainer_gpus = cfg.gpus if cfg.schedule == "verl" else cfg.trainer_gpus
+        self.trainer_gpus = cfg.gpus if cfg.schedule.name == "verl" else cfg.trainer_gpus
         self.rollout_gpus = len(self.replicas) * spec.rollout_tp
         self.loop: Loop | None = None
         # prompt pool and experience buffer
@@ -139,12 +139,14 @@ class Cluster:
             same = same + 1 if t == self.now else 0
             if same > 1_000_000:
                 raise RuntimeError(
-                    f"{self.cfg.schedule}: a million events at t={t:.3f} s without time passing"
+                    f"{self.cfg.schedule.name}: a million events at t={t:.3f} s without time passing"
                 )
             self.now = t
             fn(arg, t)
         if self.version < steps:
-            raise RuntimeError(f"{self.cfg.schedule}: no events left at version {self.version} (deadlock)")
+            raise RuntimeError(
+                f"{self.cfg.schedule.name}: no events left at version {self.version} (deadlock)"
+            )
         for r in self.replicas:
             r.advance(self.now)
         return self.record

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from laminar.config import ConfigError, RepackConfig
-from laminar.config.checks import NONE_OR_COUNT
+from laminar.config import ConfigError, RepackConfig, ScheduleConfig
+from laminar.configure import set_fields
 from laminar.data.experience_buffer import SAMPLERS
 from laminar.schedules.schedule import NAMES
 from laminar.sim.cost import MODELS, CostModel
@@ -26,6 +26,10 @@ SCHEDULES = (*NAMES, "verl", *ABLATIONS)
 
 
 SIM_REPACK = RepackConfig(interval_s=5.0, batch_limit_b=0, capped_batch_limit_b=32)
+# the runtime's `schedule` section with the simulator's k for stream / partial (the paper's 4; the runtime's 2)
+SIM_SCHEDULE = ScheduleConfig(staleness=4)
+# the runtime's config sections a simulated run holds whole, so each knob keeps the runtime's name
+SECTIONS = {"schedule": SIM_SCHEDULE, "repack": SIM_REPACK}
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,10 @@ class Failure:
 
 @dataclass(frozen=True)
 class SimConfig:
-    schedule: str = "laminar"
+    # the runtime's `schedule` section, whole: its name (one of `SCHEDULES`: the runtime's, `verl` or an
+    # ablation; a name alone stands for the section with that name), `staleness` (k of stream / partial),
+    # Laminar's `max_lag` and `max_staleness`, as `Schedule.from_config` reads them
+    schedule: ScheduleConfig = field(default_factory=lambda: replace(SIM_SCHEDULE))
     gpus: int = 64
     model: str = "7B"
     trainer_frac: float = 0.25  # share of GPUs given to the trainer (ignored by the colocated `verl`)
@@ -46,15 +53,7 @@ class SimConfig:
     group_size: int = 16  # samples per prompt (the paper: 16)
     steps: int = 100  # trainer steps to simulate
     warmup_steps: int = 3  # steps left out of the throughput window
-    staleness_k: int = 4  # stream / partial: most versions a consumed trajectory may lag
-    # Laminar's dispatch policy (the runtime's defaults):
     max_ahead_batches: float = 3.0  # groups dispatched and not yet trained, in global batches (trainer steps)
-    max_lag: int | None = (
-        0  # `schedule.max_lag`: new work only for replicas holding the trainer's version (None: any)
-    )
-    max_staleness: int | None = (
-        4  # `schedule.max_staleness`: no group trained more versions late (None: no bound)
-    )
     replica_fill: float = 1.0  # laminar: a replica's prompt batch fills this share of max_num_seqs
     # the runtime's `repack` section, whole (`laminar.manager.repack.plan_with` reads it for both); here a round
     # every 5 s (GPU-sized batches), B from the cost model (`batch_limit_b: 0`), and B 32 when the gate caps a
@@ -72,8 +71,10 @@ class SimConfig:
     cost: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule={self.schedule!r}; valid: {', '.join(SCHEDULES)}")
+        if isinstance(self.schedule, str):
+            object.__setattr__(self, "schedule", replace(SIM_SCHEDULE, name=self.schedule))
+        if self.schedule.name not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule.name!r}; valid: {', '.join(SCHEDULES)}")
         if self.model not in MODELS:
             raise ValueError(f"model={self.model!r}; valid: {', '.join(MODELS)}")
         tp = MODELS[self.model].rollout_tp
@@ -83,19 +84,20 @@ class SimConfig:
             )
         if not 0.0 < self.trainer_frac < 1.0:
             raise ValueError(f"trainer_frac={self.trainer_frac} must be in (0, 1)")
-        for name in ("groups_per_step", "group_size", "steps", "staleness_k"):
+        for name in ("groups_per_step", "group_size", "steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.schedule.staleness < 1:
+            raise ValueError(f"schedule.staleness={self.schedule.staleness} must be >= 1")
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be < steps={self.steps}")
         if self.sampler not in SAMPLERS:
             raise ValueError(
                 f"sampler={self.sampler!r}; valid: {', '.join(SAMPLERS)} (the experience buffer's built-in samplers)"
             )
-        for name in ("max_lag", "max_staleness"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be {NONE_OR_COUNT}")
-        check_repack(self.repack)
+        check_section(self.schedule)
+        # B 0 here is the cost model's B
+        check_section(replace(self.repack, batch_limit_b=self.repack.batch_limit_b or 1))
         if self.max_ahead_batches < 1.0:
             raise ValueError(f"max_ahead_batches={self.max_ahead_batches} must be >= 1")
 
@@ -117,19 +119,22 @@ class SimConfig:
         return (self.gpus - self.trainer_gpus) // self.spec.rollout_tp
 
     def with_(self, **changes: Any) -> SimConfig:
-        """A copy with `changes`; a dict for a section (`repack`, `lengths`, `cost`) changes the fields it names."""
+        """A copy with `changes`; a dict for a section (`schedule`, `repack`, `lengths`, `cost`) changes the
+        fields it names, and a name alone the schedule's name."""
         for key, value in changes.items():
+            if key == "schedule" and isinstance(value, str):
+                value = {"name": value}
             if isinstance(value, dict) and is_dataclass(getattr(self, key)):
                 changes[key] = replace(getattr(self, key), **value)
         return replace(self, **changes)
 
 
-def check_repack(policy: RepackConfig) -> None:
-    """The runtime's checks of the `repack` section, but B: 0 here means the cost model's."""
+def check_section(section: ScheduleConfig | RepackConfig) -> None:
+    """The runtime's own checks of one of its sections, as the simulator's `ValueError`."""
     from laminar.config import Config
 
     try:
-        replace(policy, batch_limit_b=policy.batch_limit_b or 1).check(Config())
+        section.check(Config())
     except ConfigError as e:
         raise ValueError(str(e)) from None
 
@@ -140,8 +145,14 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     for key, value in data.items():
         if key not in known:
             raise ValueError(f"{where}{key}: unknown field; valid: {', '.join(known)}")
-        default = getattr(cls(), key) if key in ("lengths", "cost", "repack") else None
-        if is_dataclass(default) and isinstance(value, dict):
+        default = getattr(cls(), key) if key in ("lengths", "cost") else None
+        if cls is SimConfig and key in SECTIONS:  # the runtime's sections, read as `laminar train` reads them
+            given = {"name": value} if isinstance(value, str) else value  # `schedule: sync` names it alone
+            if not isinstance(given, dict):
+                raise ValueError(f"{where}{key}: expected a section (mapping), got {value!r}")
+            value = replace(SECTIONS[key])
+            set_fields(value, given, f"{where}{key}.")
+        elif is_dataclass(default) and isinstance(value, dict):
             value = _build(type(default), value, f"{where}{key}.")
         elif key == "failures":
             value = tuple(Failure(**f) for f in value)
@@ -150,8 +161,8 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> SimConfig:
-    """A `SimConfig` from a YAML file (nested `lengths:`, `cost:` and `repack:` sections), then keyword
-    overrides."""
+    """A `SimConfig` from a YAML file (nested `schedule:`, `repack:`, `lengths:` and `cost:` sections; `schedule`
+    and `repack` are the runtime's, spelled and read as `laminar train` reads them), then keyword overrides."""
     data: dict[str, Any] = {}
     if path is not None:
         data = yaml.safe_load(Path(path).read_text()) or {}

@@ -42,7 +42,7 @@ def summarise(c: Cluster, wall_s: float | None = None) -> dict[str, Any]:
         a - b for a, b in zip((rec.repacks, rec.moved, rec.released, rec.split_groups), start["repacks"])
     )
     return {
-        "schedule": cfg.schedule,
+        "schedule": cfg.schedule.name,
         "model": cfg.model,
         "gpus": cfg.gpus,
         "trainer_gpus": c.trainer_gpus,

@@ -46,13 +46,13 @@ def schedule_of(cluster: Cluster) -> Schedule:
     builds it. A replica's share of what may be outstanding: `max_ahead_batches` global batches
     (`buffer.capacity_groups`), and for stream / partial the k + 1 batches their bound allows."""
     cfg, g = cluster.cfg, cluster.cfg.groups_per_step
-    ablation = ABLATIONS.get(cfg.schedule, ())
-    name = "laminar" if ablation else cfg.schedule
-    ahead_batches = cfg.staleness_k + 1 if name in ("stream", "partial") else cfg.max_ahead_batches
+    ablation = ABLATIONS.get(cfg.schedule.name, ())
+    name = "laminar" if ablation else cfg.schedule.name
+    ahead_batches = cfg.schedule.staleness + 1 if name in ("stream", "partial") else cfg.max_ahead_batches
     run = load_config(None, list(ablation))  # an ablation's overrides, as `laminar bench schedules` has them
-    sched = run.schedule
-    sched.name, sched.staleness = name, cfg.staleness_k
-    sched.max_lag, sched.max_staleness = cfg.max_lag, cfg.max_staleness
+    run.schedule = replace(
+        cfg.schedule, name=name, global_push=cfg.schedule.global_push or run.schedule.global_push
+    )
     run.trainer.groups_per_step = g
     run.rollout.replicas = max(1, len(cluster.live()))
     run.rollout.groups_per_batch = replica_groups(cluster, ahead_batches)
@@ -363,6 +363,6 @@ class RuntimeLoop(Base):
 
 def loop_for(cluster: Cluster) -> Base:
     """What runs the configured schedule: the runtime's loop with its schedule value, or colocated `verl`."""
-    if cluster.cfg.schedule == "verl":
+    if cluster.cfg.schedule.name == "verl":
         return Verl(cluster)
     return RuntimeLoop(cluster, schedule_of(cluster))

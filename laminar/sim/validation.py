@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from laminar.config import RepackConfig
+from laminar.config import RepackConfig, ScheduleConfig
 from laminar.sim.calibrate import ScheduleCalibration, from_schedule_bench
 from laminar.sim.config import SimConfig
 from laminar.sim.cost import MODELS, CostModel
@@ -51,7 +51,9 @@ def small_gpu_config(cost: CostModel | None = None, **changes: Any) -> SimConfig
         group_size=8,
         steps=12,
         warmup_steps=2,
-        staleness_k=2,  # schedule.staleness
+        # the runtime's schedule section when the measured runs were made: k 2 for stream / partial, and
+        # Laminar's dispatch before the version gate (`max_lag`) and the staleness bound (`max_staleness`)
+        schedule=ScheduleConfig(staleness=2, max_lag=None, max_staleness=None),
         max_ahead_batches=3.0,  # buffer.capacity_groups = 24 = 3 global batches
         replica_fill=4 * 8 / 256,  # rollout.groups_per_batch = 4 groups of 8 of max_num_seqs = 256
         # the runtime's repack policy when the measured runs were made: before the gate (`only_with_work`)
@@ -65,8 +67,6 @@ def small_gpu_config(cost: CostModel | None = None, **changes: Any) -> SimConfig
             max_age=None,
             capped_batch_limit_b=0,
         ),
-        max_lag=None,  # and its dispatch policy then (no version gate)
-        max_staleness=None,  # (and before the staleness bound)
         lengths=LengthConfig(
             kind="bench",
             median=256,

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from laminar.config import RepackConfig
-from laminar.sim.config import SCHEDULES, Failure, SimConfig
+from laminar.sim.config import SCHEDULES, SIM_SCHEDULE, Failure, SimConfig
 from laminar.sim.cost import MODELS, CostModel
 from laminar.sim.lengths import LengthConfig
 from laminar.sim.run import simulate
@@ -36,7 +36,7 @@ def test_conservation_and_monotone_versions(schedule: str) -> None:
 @pytest.mark.parametrize("schedule", ["stream", "partial"])
 @pytest.mark.parametrize("k", [1, 2])
 def test_staleness_bounded_by_k(schedule: str, k: int) -> None:
-    summary, _ = simulate(SMALL.with_(schedule=schedule, staleness_k=k, steps=10))
+    summary, _ = simulate(SMALL.with_(schedule={"name": schedule, "staleness": k}, steps=10))
     assert summary["staleness"]["max"] <= k
 
 
@@ -244,10 +244,10 @@ def test_laminar_dispatch_policy_keeps_staleness_p99_within_4() -> None:
         steps=12,
         warmup_steps=3,
         trainer_frac=0.375,
-        max_staleness=None,
+        schedule=dataclasses.replace(SIM_SCHEDULE, max_staleness=None),
     )
     policy, _ = simulate(cfg)
-    lagging, _ = simulate(cfg.with_(max_lag=None))
+    lagging, _ = simulate(cfg.with_(schedule={"max_lag": None}))
     assert policy["staleness"]["p99"] <= 4 < lagging["staleness"]["p99"]
     assert policy["staleness"]["mean"] < lagging["staleness"]["mean"] - 0.5
     assert policy["training_throughput"] > 0.98 * lagging["training_throughput"]
@@ -268,12 +268,14 @@ def test_the_staleness_bound_holds_on_every_seed_where_long_tails_passed_it() ->
         max_age=3,
         capped_batch_limit_b=32,
     )
-    policy = dict(schedule="laminar", steps=16, max_lag=0, repack=repack)
+    policy = dict(steps=16, repack=repack)
     free, bounded = [], []
     for seed in range(4):
-        free.append(simulate(small_gpu_config(seed=seed, max_staleness=None, **policy))[0])
+        laminar = {"name": "laminar", "max_lag": 0}
+        free.append(simulate(small_gpu_config(seed=seed, schedule=laminar, **policy))[0])
         for k in (4, 2):
-            summary, cluster = simulate(small_gpu_config(seed=seed, max_staleness=k, **policy), audit=True)
+            bound = {**laminar, "max_staleness": k}
+            summary, cluster = simulate(small_gpu_config(seed=seed, schedule=bound, **policy), audit=True)
             assert summary["staleness"]["max"] <= k, (seed, k, summary["staleness"])
             assert set(cluster.consume_count.values()) == {1}
             assert len(cluster.consume_count) == 16 * 8 * 8
