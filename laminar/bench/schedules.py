@@ -99,7 +99,7 @@ def tool_waits(records: list[dict[str, Any]]) -> dict[str, float]:
             work += dt
             waiting += dt * (a["running"] + a.get("waiting", 0) == 0)
             parked += dt * a.get("parked", 0) / held
-            kv += dt * a["kv_used"] / a["kv_total"] if a.get("kv_total") else 0.0
+            kv += dt * a["kv_blocks_used"] / a["kv_blocks_total"] if a.get("kv_blocks_total") else 0.0
     return {
         "tool_wait_share": round(waiting / span, 4) if span else 0.0,
         "parked_share": round(parked / work, 4) if work else 0.0,

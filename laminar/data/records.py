@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from laminar.engine.stats import EngineStats
+
 
 def traj_id(group_id: int, sample_idx: int) -> str:
     """A trajectory's id, the same in every record of the run: "GROUP:SAMPLE"."""
@@ -88,38 +90,17 @@ class Trajectory:
 
 
 @dataclass
-class ReplicaSnapshot:
-    """A replica's state as it reports it (each heartbeat, and whenever the manager looks): the one shape the
-    replica writes and the dispatcher, repack, the supervisor and the run log read (`row`)."""
+class ReplicaSnapshot(EngineStats):
+    """A replica's state as it reports it (each heartbeat, and whenever the manager looks): its engine's
+    counters (`tokens_generated` the replica's own count, across its engines), then what only the replica
+    knows. The one shape the replica writes and the dispatcher, repack, the supervisor and the run log read
+    (`row`)."""
 
     replica: int
-    version: int = 0  # the weights it generates with
-    waiting: int = 0  # requests not yet in the batch
-    running: int = 0  # requests in the batch
-    parked: int = 0  # waiting for a tool call: out of the batch, still this replica's work
-    kv_used: int = 0  # KV blocks held now, of `kv_total`; `peak_kv` the most since the last batch began
-    kv_total: int = 0
-    peak_kv: int = 0
-    tokens_generated: int = 0
     busy_s: float = 0.0  # seconds its loop has spent stepping the engine
     inflight: list[str] = field(default_factory=list)  # trajectory ids it holds (evaluation ones left out)
     finishing: list[str] = field(default_factory=list)  # finished, being scored and stored
     requests: list[tuple[str, int]] = field(default_factory=list)  # (id, KV blocks): what repack must place
-    # pipelined decode: steps queued before the last one's tokens were known, and their dropped rows
-    decode_steps: int = 0
-    queued_ahead: int = 0
-    dropped_rows: int = 0
-    # speculation: decode steps that verified drafts, requests in them with a draft, the draft tokens verified
-    # and accepted, the tokens those requests emitted, and the host's seconds drafting
-    verify_steps: int = 0
-    draft_rows: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    verify_tokens: int = 0
-    draft_s: float = 0.0
-    # auto's gate: decode steps by its decision, its measured ms an emitted token per path and batch
-    gate_steps: dict[str, int] = field(default_factory=dict)
-    gate_ms_per_token: dict[str, Any] = field(default_factory=dict)
     tool_reruns: int = 0
     # with tools: calls made here and their total wait for a free tool worker (`task.tool_workers`)
     tool_calls: int | None = None

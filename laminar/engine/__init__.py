@@ -10,7 +10,7 @@ from typing import Any
 
 _HOME = {
     "Engine": "engine",
-    "EngineStats": "sequence",
+    "EngineStats": "stats",
     "ExportedRequest": "sequence",
     "FinishedRequest": "sequence",
     "ModelConfig": "config",

@@ -28,12 +28,12 @@ from laminar.engine.moves import RequestMoves
 from laminar.engine.sampler import SamplingBatch, request_key
 from laminar.engine.scheduler import Scheduler
 from laminar.engine.sequence import (
-    EngineStats,
     FinishedRequest,
     Sequence,
     StepOutput,
 )
 from laminar.engine.speculative import VERIFYING, Speculating
+from laminar.engine.stats import EngineStats
 from laminar.engine.tensor_parallel import TPGroup, local_config, shard_state_dict
 from laminar.engine.weights import load_safetensors_dir, unflatten
 

@@ -107,35 +107,3 @@ class StepOutput:
     parked: list[str] = field(default_factory=list)  # requests that sampled a park token (a tool call's end)
     is_prefill: bool = False
     num_tokens: int = 0  # tokens the model processed this step
-
-
-@dataclass
-class EngineStats:
-    waiting: int
-    running: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    tokens_generated: int
-    peak_kv_blocks: int  # since the last reset_peak()
-    version: int
-    num_preemptions: int = 0
-    block_size: int = 16
-    parked: int = 0  # requests waiting for a tool
-    prefill_tokens: int = 0  # tokens run through prefill, all told
-    shared_prompt_tokens: int = 0  # prompt tokens a request took from its group's first instead of prefilling
-    decode_steps: int = 0
-    queued_ahead: int = 0  # decode steps queued before the previous one's tokens were known (pipelined)
-    dropped_rows: int = 0  # rows of such steps whose request stopped, parked, left or was aborted meanwhile
-    # speculation: decode steps that verified drafts; requests (rows) in them that had one; the draft tokens
-    # they verified and accepted; the tokens those rows emitted (accepted plus one sampled, less any past an end);
-    # host seconds spent drafting (the index, the proposals, auto's guesses)
-    verify_steps: int = 0
-    draft_rows: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    verify_tokens: int = 0
-    draft_s: float = 0.0
-    # auto's gate (`gate.py`): decode steps by the decision they ran under, and its measured milliseconds an
-    # emitted token of each path ("plain", "verify") by running-batch range ("1", "2-3", "4-7", ...)
-    gate_steps: dict[str, int] = field(default_factory=dict)
-    gate_ms_per_token: dict[str, dict[str, float | None]] = field(default_factory=dict)

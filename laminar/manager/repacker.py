@@ -67,9 +67,9 @@ def load_of(snapshot: ReplicaSnapshot) -> ReplicaLoad:
         version=snapshot.version,
         waiting=snapshot.waiting,
         running=snapshot.running + snapshot.parked,  # a request waiting for its tool moves too
-        kv_blocks_used=snapshot.kv_used,
-        kv_blocks_total=snapshot.kv_total,
-        peak_kv_blocks=snapshot.peak_kv,
+        kv_blocks_used=snapshot.kv_blocks_used,
+        kv_blocks_total=snapshot.kv_blocks_total,
+        peak_kv_blocks=snapshot.peak_kv_blocks,
         requests=tuple((rid, b) for rid, b in snapshot.requests if b > 0),
     )
 

@@ -152,16 +152,13 @@ class RolloutReplica(Moves, Storing):
 
     def _snapshot(self) -> ReplicaSnapshot:
         stats = self.engine.stats()
+        counters = vars(stats) | {
+            "tokens_generated": self.tokens_generated,
+            "draft_s": round(stats.draft_s, 4),
+        }
         return ReplicaSnapshot(
             replica=self.id,
-            version=stats.version,
-            waiting=stats.waiting,
-            running=stats.running,
-            parked=stats.parked,
-            kv_used=stats.kv_blocks_used,
-            kv_total=stats.kv_blocks_total,
-            peak_kv=stats.peak_kv_blocks,
-            tokens_generated=self.tokens_generated,
+            **counters,
             busy_s=round(self.busy_s, 4),
             inflight=sorted(r for r, st in self.inflight.items() if not is_eval(st.group.group_id)),
             finishing=sorted(self.finishing),  # read after `inflight`: `_finish` adds here before it pops
@@ -172,17 +169,6 @@ class RolloutReplica(Moves, Storing):
                 for rid, st in sorted(self.inflight.items())
                 if not is_eval(st.group.group_id)
             ],
-            decode_steps=stats.decode_steps,
-            queued_ahead=stats.queued_ahead,
-            dropped_rows=stats.dropped_rows,
-            verify_steps=stats.verify_steps,
-            draft_rows=stats.draft_rows,
-            draft_tokens=stats.draft_tokens,
-            accepted_tokens=stats.accepted_tokens,
-            verify_tokens=stats.verify_tokens,
-            draft_s=round(stats.draft_s, 4),
-            gate_steps=stats.gate_steps,
-            gate_ms_per_token=stats.gate_ms_per_token,
             tool_reruns=self.tools.reruns if self.tools is not None else 0,
             tool_calls=self.tools.calls if self.tools is not None else None,
             tool_queued_s=round(self.tools.queued_s, 4) if self.tools is not None else None,

@@ -121,7 +121,7 @@ def plot_run(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     for row, (rep, rows) in enumerate(sorted(by_rep.items())):
         for r in rows:
             col = min(int(r["t"] // width), len(centres) - 1)
-            use = r["kv_used"] / max(r["kv_total"], 1)
+            use = r["kv_blocks_used"] / max(r["kv_blocks_total"], 1)
             kv[row, col] = use if np.isnan(kv[row, col]) else max(kv[row, col], use)
         t = [r["t"] for r in rows]
         ax2.step(t, [r["version"] for r in rows], where="post", linewidth=0.8, label=f"replica {rep}")

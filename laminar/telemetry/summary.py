@@ -118,7 +118,11 @@ def summarize(
     for r in gens:
         last_by_replica[r["replica"]] = max(last_by_replica.get(r["replica"], 0), r["tokens_generated"])
     gen_tokens = sum(last_by_replica.values())
-    kv = [r["kv_used"] / r["kv_total"] for r in gens if r.get("kv_total") and r.get("busy", True)]
+    kv = [
+        r["kv_blocks_used"] / r["kv_blocks_total"]
+        for r in gens
+        if r.get("kv_blocks_total") and r.get("busy", True)
+    ]
 
     summary: dict[str, Any] = {
         "schedule": schedule,

@@ -104,9 +104,9 @@ class Replica:
             version=self.version,
             waiting=self.waiting,
             running=len(self.running),
-            kv_used=self.blocks * len(self.running),
-            kv_total=100,
-            peak_kv=50,
+            kv_blocks_used=self.blocks * len(self.running),
+            kv_blocks_total=100,
+            peak_kv_blocks=50,
             requests=[(rid, self.blocks) for rid in sorted(self.running)],
             inflight=sorted(self.running),
         )

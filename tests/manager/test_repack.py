@@ -184,7 +184,7 @@ def test_max_released_caps_the_plan() -> None:
 def test_a_replica_whose_tails_wait_for_tools_is_a_repack_source():
     """Requests parked on a tool call are out of the decode batch but still the replica's work: they count as
     running for the planner, so a replica left with only those is packed away like any other tail."""
-    snap = ReplicaSnapshot(1, version=2, parked=2, kv_used=4, kv_total=64, peak_kv=10)
+    snap = ReplicaSnapshot(1, version=2, parked=2, kv_blocks_used=4, kv_blocks_total=64, peak_kv_blocks=10)
     load = load_of(dataclasses.replace(snap, requests=[("7:0", 2), ("7:1", 2)]))
     assert load.running == 2 and load.requests == (("7:0", 2), ("7:1", 2))
     busy = ReplicaLoad(2, 2, 0, 3, 20, 64, 30, (("8:0", 5), ("8:1", 5), ("8:2", 5)))

@@ -25,8 +25,8 @@ def records(seconds: int = 80, replicas: int = 3) -> list[dict]:
                     "replica": rep,
                     "t": t,
                     "tokens_generated": int(500 * t),
-                    "kv_used": 10 * rep,
-                    "kv_total": 64,
+                    "kv_blocks_used": 10 * rep,
+                    "kv_blocks_total": 64,
                     "version": int(t // 2),
                 }
             )

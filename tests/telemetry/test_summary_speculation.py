@@ -4,7 +4,14 @@ from laminar.telemetry.summary import summarize
 
 
 def replica(rid: int, t: float, **counters) -> dict:
-    base = {"kind": "replica", "replica": rid, "t": t, "tokens_generated": 0, "kv_used": 0, "kv_total": 1}
+    base = {
+        "kind": "replica",
+        "replica": rid,
+        "t": t,
+        "tokens_generated": 0,
+        "kv_blocks_used": 0,
+        "kv_blocks_total": 1,
+    }
     return {**base, **counters}
 
 
