@@ -194,7 +194,8 @@ def _run(
     except BaseException:
         try:  # stop and checkpoint what there is; an error doing so must not hide the run's own
             rt.stop()
-            rt.checkpoint(ckpt)
+            if cfg.trainer.checkpoint_at_end:
+                rt.checkpoint(ckpt)
         except Exception as e:  # noqa: BLE001 - logged; the run's own error is the one raised
             from laminar.telemetry.console import one_line
 
@@ -204,7 +205,8 @@ def _run(
     if rt.evaluator is not None:  # the last evaluation, on weights the rollouts already hold
         rt.evaluator.finish()
     end = rt.stop(settle=True)  # failures not noticed yet are counted, and their work accounted for
-    rt.checkpoint(ckpt)
+    if cfg.trainer.checkpoint_at_end:
+        rt.checkpoint(ckpt)
     for v, seconds in sorted(rt.propagation().items()):
         recorder.log("propagation", version=v, seconds=seconds)
     buf, partial = end["buffer"], end["partial"]

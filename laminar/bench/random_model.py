@@ -19,8 +19,12 @@ from laminar.engine.random_model import SHAPES, shape_config
 from laminar.tasks.reverse import demo_codec
 
 
-def write_random_model(shape: str, out: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:
-    """Saves config, safetensors, generation config and the task tokenizer; returns the directory."""
+def write_random_model(
+    shape: str, out: str | Path, seed: int = 0, dtype: str = "bfloat16", device: str = "auto"
+) -> Path:
+    """Saves config, safetensors, generation config and the task tokenizer; returns the directory. The weights
+    are drawn on `device` ("auto": CUDA when there is one): drawing a 14B model's on the CPU took 495 s of
+    a 64-core host."""
     from transformers import AutoModelForCausalLM
 
     if shape not in SHAPES:
@@ -31,13 +35,17 @@ def write_random_model(shape: str, out: str | Path, seed: int = 0, dtype: str = 
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     cfg = shape_config(shape, bos_token_id=codec.bos_id, eos_token_id=codec.eos_id, pad_token_id=codec.pad_id)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
     out = save_model_dir(model, codec, out)
     info = {
         "shape": shape,
         "random_init": True,
         "seed": seed,
         "dtype": dtype,
+        "device": device,
         "params": sum(p.numel() for p in model.parameters()),
         "seconds": round(time.perf_counter() - t0, 1),
     }
@@ -55,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--device", default="auto", help="where the weights are drawn: auto (CUDA when there is one)")
     args = ap.parse_args(argv)
-    path = write_random_model(args.shape, args.out, args.seed, args.dtype)
+    path = write_random_model(args.shape, args.out, args.seed, args.dtype, args.device)
     print(json.loads((path / "random_model.json").read_text()))
     return 0
 
