@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--device", default="auto", help="where the weights are drawn: auto (CUDA when there is one)")
+    ap.add_argument(
+        "--device", default="auto", help="where the weights are drawn: auto (CUDA when there is one)"
+    )
     args = ap.parse_args(argv)
     path = write_random_model(args.shape, args.out, args.seed, args.dtype, args.device)
     print(json.loads((path / "random_model.json").read_text()))

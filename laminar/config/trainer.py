@@ -48,8 +48,9 @@ class TrainerConfig:
     compile: bool = False  # CUDA: each decoder layer through torch.compile (elementwise work fused)
     reshard_after_forward: bool = True  # num_workers > 1: false keeps each layer gathered until its backward
     checkpoint_every: int = 20
-    checkpoint_at_end: bool = True  # false: none when the run ends or stops (a throughput run of a large model,
-    # whose sharded optimizer state takes minutes to write; such a run cannot be resumed)
+    # false: no checkpoint when the run ends or stops (a throughput run of a large model, whose sharded
+    # optimizer state takes minutes to write; such a run cannot be resumed)
+    checkpoint_at_end: bool = True
     warmup_steps: int = 2  # steps excluded from the throughput window
     max_nonfinite_steps: int = 3  # non-finite loss or gradient: steps skipped in a row before the run stops
     kl_coef: float = 0.0  # k3 penalty toward the reference (README: KL penalty); > 0 loads a frozen copy of the starting weights

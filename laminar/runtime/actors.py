@@ -28,6 +28,10 @@ class TrainerActor:
 
     def __init__(self, trainer_args: dict[str, Any], slots: int, rank: int = 0, world: int = 1) -> None:
         """`trainer_args`: the trainer's constructor arguments (`laminar.runtime.trainer_group.trainer_args`)."""
+        # Before this process's first CUDA allocation: segments that grow in place. A 14B-shaped model's FSDP
+        # rank on an H200 ran out of memory in its first long step with 5.8 GiB free but fragmented, and ran
+        # with them (results/tensor-parallel/). A value the user set is kept.
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         self.args, self.slots, self.rank, self.world = trainer_args, slots, rank, world
         self.trainer: Any = None
         self.publisher: Any = None

@@ -9,6 +9,8 @@ swapping, or being killed, minutes later.
                            embedding and lm_head whole and the rest of the parameters / N)
     trainer per rank     = parameters x (4 fp32 weights + 4 gradients + 8 AdamW moments [+ 2 bf16 copy on CUDA]
                            [+ the reference's copy with trainer.kl_coef]) / ranks; LoRA: the frozen fp32 base
+                           [+ with several ranks, the fp32 gradient of the largest FSDP unit whole before its
+                           reduce-scatter: the embedding and lm_head, the root's]
                            + a micro-batch's activations: tokens x (layers x (6 hidden + 4 intermediate) x dtype
                            bytes + vocabulary x 3 x 4 bytes: the fp32 logits, log-softmax and their gradient);
                            with trainer.activation_checkpointing each layer keeps only its input (hidden x dtype
@@ -105,6 +107,8 @@ def estimate(cfg: Any, shape: Any, parameters: int, cuda: bool) -> MemoryEstimat
         per_param = (16 + (2 if cuda else 0)) / t.num_workers
     if t.kl_coef > 0:
         per_param += 2 if cuda else 4
+    embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
+    unit_gradient = embeddings * 4 if t.num_workers > 1 and t.lora_rank == 0 else 0
     tokens = t.micro_batch_tokens or t.micro_batch * 2 * r.max_new_tokens
     act_bytes = 2 if cuda else 4
     layer = (6 * shape.hidden_size + 4 * shape.intermediate_size) * act_bytes
@@ -121,12 +125,11 @@ def estimate(cfg: Any, shape: Any, parameters: int, cuda: bool) -> MemoryEstimat
     n = r.tensor_parallel
     if n > 1:  # one rank's share: its KV heads, the embedding and lm_head whole, the rest split
         kv = kv * max(1, shape.num_kv_heads // n) // shape.num_kv_heads
-        whole = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
-        replica_weights = whole + max(0, replica_weights - whole) // n
+        replica_weights = embeddings + max(0, replica_weights - embeddings) // n
     return MemoryEstimate(
         kv_per_replica=kv,
         weights_per_replica=replica_weights * engine_bytes,
-        trainer_state=int(parameters * per_param),
+        trainer_state=int(parameters * per_param) + unit_gradient,
         trainer_activations=tokens * per_token,
         relay_slots=cfg.relay.slots * published * engine_bytes,
         replicas=r.replicas,
