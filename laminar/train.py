@@ -232,7 +232,7 @@ def _run(
         },
         extra={
             "code": code_digest(),  # the package's source digest (laminar.telemetry.provenance)
-            "checkpoint": str(ckpt),
+            "checkpoint": str(ckpt) if ckpt.is_dir() else None,  # trainer.checkpoint_at_end=false: none
             "model": model_path,
             "resumed_at": start_version if resume else None,
             "restarted_on_resume": rt.restarted_on_resume,

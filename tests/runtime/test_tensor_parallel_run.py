@@ -87,6 +87,7 @@ def tp_run(ray_cluster, tiny_model_dir, tmp_path_factory):
             "rollout.heartbeat_s=0.5",
             "rollout.dead_after_s=10",
             "run.timeout_s=120",
+            "trainer.checkpoint_at_end=false",  # nothing here resumes: no checkpoint (every 20 steps, 10 run)
             *QUICK,
         ],
     )
@@ -94,6 +95,12 @@ def tp_run(ray_cluster, tiny_model_dir, tmp_path_factory):
     summary = train(cfg, out, quiet=True, hook=hook)
     print(f"the tensor-parallel run took {time.monotonic() - t0:.1f} s")
     return {"out": out, "summary": summary, "killed": killed, "trained": trained, "cfg": cfg}
+
+
+@pytest.mark.slow
+def test_a_run_told_not_to_checkpoint_at_its_end_writes_none(tp_run):
+    assert tp_run["summary"]["checkpoint"] is None
+    assert not (tp_run["out"] / "checkpoint").exists()
 
 
 @pytest.mark.slow
