@@ -34,8 +34,8 @@ from laminar.engine.sequence import (
 )
 from laminar.engine.speculative import VERIFYING, Speculating
 from laminar.engine.stats import EngineStats
-from laminar.engine.tensor_parallel import TPGroup, local_config, shard_state_dict
-from laminar.engine.weights import load_safetensors_dir, unflatten
+from laminar.engine.tensor_parallel import TPGroup, local_config, shard_spec, shard_state_dict
+from laminar.engine.weights import load_safetensors_dir, staged_copy, unflatten
 
 CPU_KV_BUDGET = 1 << 30  # default KV cache on CPU: 1 GiB (or less if the running cap needs less)
 # rows a verify step may hold (a request's last token and each of its draft tokens is a row); with speculation
@@ -391,6 +391,7 @@ class Engine(RequestMoves, Speculating):
         self.version = version
 
     def _load_whole(self, params: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
+        whole = state
         if self.tp:
             state = shard_state_dict(state, self.config, self.tp.rank, self.tp.world)
         tied_extra = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
@@ -408,13 +409,23 @@ class Engine(RequestMoves, Speculating):
                 f"unexpected weight(s) {unexpected[:5]} for a {self.config.family} model of this shape; "
                 f"expected names such as {sorted(params)[:3]}"
             )
+        staging: torch.Tensor | None = None  # one device buffer for every strided slice, in stream order
         for name, p in params.items():
             src = state[name]
             if tuple(src.shape) != tuple(p.shape):
                 raise ValueError(
                     f"weight {name!r} has shape {tuple(src.shape)}; this model expects {tuple(p.shape)}"
                 )
-            p.copy_(src, non_blocking=True)
+            if src.is_contiguous():
+                p.copy_(src, non_blocking=True)
+            else:  # a rank's columns (o_proj, down_proj): strided in host memory, so copied whole, sliced here
+                staging, flat = staged_copy(staging, whole[name], self.device)
+                p.copy_(flat.view(whole[name].shape).narrow(*self._columns(name)))
+
+    def _columns(self, name: str) -> tuple[int, int, int]:
+        spec = shard_spec(name, self.config, self.tp.rank, self.tp.world)
+        assert spec is not None, f"{name} is whole on every rank, yet its slice is strided"
+        return spec
 
     # ---- stats --------------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:

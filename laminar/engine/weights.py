@@ -81,3 +81,19 @@ def load_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
     for f in files:
         state.update(load_file(str(f)))
     return state
+
+
+def staged_copy(
+    buffer: torch.Tensor | None, host: torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`host` copied into `buffer` on `device` (grown when too small): the buffer, and its first elements holding
+    `host`'s, flat. A contiguous copy from the registered relay slot runs at the link's speed; a strided one (a
+    tensor-parallel rank's columns) goes through a pageable host copy first, about ten times slower, so a rank
+    copies such a tensor whole and slices it on the device. Copies queued on one stream run in order, so the
+    buffer is reused as soon as the next copy is queued."""
+    n = host.numel()
+    if buffer is None or buffer.numel() < n or buffer.dtype != host.dtype:
+        buffer = torch.empty(n, dtype=host.dtype, device=device)
+    flat = buffer[:n]
+    flat.copy_(host.reshape(-1), non_blocking=True)
+    return buffer, flat

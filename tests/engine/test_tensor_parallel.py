@@ -23,6 +23,7 @@ from laminar.engine.tensor_parallel import (
     shard_state_dict,
     split_kv,
 )
+from laminar.engine.weights import staged_copy
 from tests.engine.tp_ranks import CONFIGS, PROMPTS, add_all, drain, engine, generate, rank_main, weights
 
 WORLD = 2
@@ -180,6 +181,21 @@ def test_shard_state_dict_slices(name):
     )
     assert shard_spec("model.norm.weight", cfg, 1, WORLD) is None
     assert shard_state_dict(full, cfg, 0, 1) is full
+
+
+def test_a_ranks_columns_are_copied_whole_then_sliced():
+    """o_proj's and down_proj's columns are strided on the host: a rank stages the whole tensor in one buffer,
+    grown only for a larger tensor, and slices it where it lives."""
+    cfg = CONFIGS["llama"]
+    full = weights(cfg)
+    name = "model.layers.0.mlp.down_proj.weight"
+    columns = shard_state_dict(full, cfg, 1, WORLD)[name]
+    assert not columns.is_contiguous()  # what sends the engine's load through staged_copy
+    buffer, flat = staged_copy(None, full[name], torch.device("cpu"))
+    assert torch.equal(flat.view(full[name].shape).narrow(*shard_spec(name, cfg, 1, WORLD)), columns)
+    small = full["model.layers.0.self_attn.o_proj.weight"]
+    again, flat = staged_copy(buffer, small, torch.device("cpu"))
+    assert again is buffer and torch.equal(flat.view(small.shape), small)  # reused, not grown
 
 
 def test_degrees_that_do_not_divide_are_clear_errors():
