@@ -309,7 +309,7 @@ SLOW_TLS_HELLO = b"\x16\x03\x01\x02\x00" + b"\x01" * 512
 
 
 def test_slow_clients_holding_every_handshake_slot_do_not_keep_a_replaced_upstream_out(pair):
-    """Issue 30: connections trickling a byte at a time held every pending-handshake slot, and the link of the
+    """Connections trickling a byte at a time held every pending-handshake slot, and the link of the
     upstream's replacement was refused for the rest of the run. A newcomer displaces the oldest instead."""
     master, victim, buf = pair
     still_carries_real_versions(master, victim, buf, 1)

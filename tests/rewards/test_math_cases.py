@@ -64,7 +64,7 @@ CASES = [
     (GENERIC, "\\boxed{12 \\text{ cm}^2}", "12", 1.0),
     (DAPO, "Answer: 5 \\text{ apples}", "6", 0.0),
     (DAPO, "Answer: five", "5", 0.0),
-    # the practitioner's cases (issue 31): a box's text and font are read, not dropped
+    # a practitioner's cases: a box's text and font are read, not dropped
     (GENERIC, "\\boxed{\\text{5}}", "5", 1.0),
     (GENERIC, "\\boxed{\\mathbf{5}}", "5", 1.0),
     # restating the question (what is 47 + 38? what is 170 / 2?) is not answering it

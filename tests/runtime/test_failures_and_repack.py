@@ -1,4 +1,4 @@
-"""Issue 4 on tiny models: repack moves trajectories without changing them; a killed replica process, relay or
+"""On tiny models: repack moves trajectories without changing them; a killed replica process, relay or
 trainer rank costs nothing. (A run stopped hard and resumed is tests/runtime/test_interrupt.py's.)"""
 
 from __future__ import annotations

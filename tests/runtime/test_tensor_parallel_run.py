@@ -1,4 +1,4 @@
-"""Issue 33 on the three-node test cluster: a run whose replicas are two gloo ranks each
+"""On the three-node test cluster: a run whose replicas are two gloo ranks each
 (`rollout.tensor_parallel=2`). One run checks what a tensor-parallel replica owes the rest of the runtime: its
 samples are token for token what one process samples (log-probs to 1e-5 in fp32), requests repacked between two
 such replicas move with their keys and values and continue exactly, and a rank killed mid-run is the loss of its

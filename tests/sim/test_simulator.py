@@ -233,7 +233,7 @@ def test_laminar_restarts_whole_groups_and_keeps_work_no_replica_can_take_yet(gp
 
 
 def test_laminar_dispatch_policy_keeps_staleness_p99_within_4() -> None:
-    """Issue 14's policy (the simulator's Laminar defaults: 3 global batches ahead, new work only on the
+    """The staleness policy (the simulator's Laminar defaults: 3 global batches ahead, new work only on the
     trainer's version, newest-first repack that leaves old tails alone) on a latency-bound 7B cell: staleness
     p99 stays at 4; without `max_lag` every group starts a version behind and the tail passes 4, for no more
     throughput. (Without the staleness bound, `max_staleness`, which would hold both at 4.)"""
