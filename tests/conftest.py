@@ -44,9 +44,10 @@ def ray_cluster():
             "node_ip_address": "127.0.0.1",
             "include_dashboard": False,
             "dashboard_agent_listen_port": None,  # any free port: another test process may run a cluster too
-            # a lost machine known dead within about 5 s (Ray's default: 3 s x 5 checks), so test_machine_loss
-            # waits less; a live raylet answers its checks from its own threads however busy the cores are
-            "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 5},
+            # a lost machine known dead within about 2.5 s (Ray's default: 3 s x 5 checks), so test_machine_loss
+            # waits less. Only a check that fails counts, not a slow one (each has Ray's 10 s timeout), and a live
+            # raylet answers its checks from its own threads however busy the cores are
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 5},
         },
     )
     for _ in range(2):

@@ -148,7 +148,6 @@ class Lifetime:
         rt.trainer = rt._start_trainer(wait=False)
         trainer_node = rt.trainer.call_rank0("node_id", timeout=cfg.run.timeout_s)
         master = factory.relay(trainer_node, "relay-master")
-        rt.trainer.call("attach_master", master, timeout=cfg.run.timeout_s)
         rt.relays = [master]
         if resume is not None:
             recorder.log("phase", what=f"restoring the checkpoint {resume}")
@@ -180,6 +179,9 @@ class Lifetime:
         )
         rt.replicas = ray.get(rt.manager.live_replicas.remote(), timeout=cfg.run.timeout_s)
         rt.check_control()  # each control actor's process, to tell a restart later
+        # The trainer publishes into the master from its first step on. Attached only now: the call waits for the
+        # trainer's imports (its policy loads meanwhile), and the replicas started in that time.
+        rt.trainer.call("attach_master", master, timeout=cfg.run.timeout_s)
         recorder.log("phase", what="waiting for the trainer's policy")
         rt.trainer.wait_loaded(LOAD_TIMEOUT_FACTOR * cfg.run.timeout_s)
         if cfg.eval.every > 0:

@@ -41,8 +41,8 @@ class TrainerGroup:
     ) -> TrainerGroup:
         """`args`: the trainer's constructor arguments (`trainer_args`); `resources` per rank (num_cpus,
         num_gpus); `here`: where a single rank prefers to run; `spread`: one rank a machine (else all on one).
-        The ranks build their policy in the background: every rank answers `node_id` and `attach_master` at
-        once, and `wait_loaded` waits for the policy before anything else."""
+        The ranks build their policy in the background: every rank answers `node_id` at once (`attach_master`
+        once the rank's imports are done), and `wait_loaded` waits for the policy before anything else."""
         if world == 1:
             rank = TrainerActor.options(**resources, **here).remote(args, slots)
             return cls([rank], loading=[rank.load.remote()])
