@@ -2,12 +2,14 @@
 (`rollout.tensor_parallel=2`). One run checks what a tensor-parallel replica owes the rest of the runtime: its
 samples are token for token what one process samples (log-probs to 1e-5 in fp32), requests repacked between two
 such replicas move with their keys and values and continue exactly, and a rank killed mid-run is the loss of its
-replica: the group is replaced and its work recovered, with nothing lost."""
+replica: the group is replaced and its work recovered, with nothing lost. A copy of the run resumes from its
+checkpoint with tensor-parallel replicas."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -87,7 +89,6 @@ def tp_run(ray_cluster, tiny_model_dir, tmp_path_factory):
             "rollout.heartbeat_s=0.5",
             "rollout.dead_after_s=10",
             "run.timeout_s=120",
-            "trainer.checkpoint_at_end=false",  # nothing here resumes: no checkpoint (every 20 steps, 10 run)
             *QUICK,
         ],
     )
@@ -97,10 +98,28 @@ def tp_run(ray_cluster, tiny_model_dir, tmp_path_factory):
     return {"out": out, "summary": summary, "killed": killed, "trained": trained, "cfg": cfg}
 
 
+@pytest.fixture(scope="module")
+def tp_resumed(tp_run, tmp_path_factory):
+    """A copy of the run folder resumed from its end-of-run checkpoint (version 10) for two more steps, told not to
+    checkpoint at its end: the tensor-parallel replicas start from the checkpoint's weights."""
+    out = tmp_path_factory.mktemp("tp-resumed") / "run"
+    shutil.copytree(tp_run["out"], out)
+    overrides = ["trainer.steps=12", "trainer.checkpoint_at_end=false", "run.ray_address="]
+    summary = train(load_config(out / "config.yaml", overrides), out, quiet=True, resume=True)
+    return {"out": out, "summary": summary}
+
+
 @pytest.mark.slow
-def test_a_run_told_not_to_checkpoint_at_its_end_writes_none(tp_run):
-    assert tp_run["summary"]["checkpoint"] is None
-    assert not (tp_run["out"] / "checkpoint").exists()
+def test_a_resumed_run_with_tensor_parallel_replicas_trains_on_and_loses_nothing(tp_resumed):
+    out, summary = tp_resumed["out"], tp_resumed["summary"]
+    steps = [r for r in records_of(out) if r["kind"] == "step"]
+    assert [r["version"] for r in steps] == list(range(1, 13))  # 10 before the stop, 11 and 12 after
+    audit = audit_run(out)
+    assert audit.ok and audit.segments == 2 and not audit.lost and not audit.duplicated, audit
+    assert summary["resumed_at"] == 10 and summary["trajectories"]["lost"] == 0
+    # trainer.checkpoint_at_end=false: the checkpoint is still the one the run resumed from
+    state = json.loads((out / "checkpoint" / "runtime_state.json").read_text())
+    assert state["version"] == 10 and summary["checkpoint"] == str(out / "checkpoint")
 
 
 @pytest.mark.slow
