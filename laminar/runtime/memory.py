@@ -11,6 +11,8 @@ swapping, or being killed, minutes later.
                            [+ the reference's copy with trainer.kl_coef]) / ranks; LoRA: the frozen fp32 base
                            [+ with several ranks, the fp32 gradient of the largest FSDP unit whole before its
                            reduce-scatter: the embedding and lm_head, the root's]
+                           (trainer.cpu_offload: the weights, gradients and moments, 16 bytes a parameter over
+                           the ranks, in host memory; on the GPU the root unit's bf16 weights and fp32 gradient)
                            + a micro-batch's activations: tokens x (layers x (6 hidden + 4 intermediate) x dtype
                            bytes + vocabulary x 3 x 4 bytes: the fp32 logits, log-softmax and their gradient);
                            with trainer.activation_checkpointing each layer keeps only its input (hidden x dtype
@@ -53,6 +55,8 @@ class MemoryEstimate:
     relays: int
     cuda: bool
     replica_ranks: int = 1  # rollout.tensor_parallel: the processes (GPUs) of one replica
+    # per rank, in host memory: the weights, gradients and optimizer of a trainer with `trainer.cpu_offload`
+    trainer_offloaded: int = 0
 
     @property
     def replica_processes(self) -> int:
@@ -68,10 +72,12 @@ class MemoryEstimate:
 
     @property
     def host(self) -> int:
-        """What the machine's memory holds: everything on CPU; on CUDA the processes and the relay slots."""
+        """What the machine's memory holds: everything on CPU; on CUDA the processes, the relay slots and an
+        offloaded trainer's state."""
         relays = self.relays * (self.relay_slots + RELAY_PROCESS_BYTES)
         if self.cuda:
-            return relays + (self.replica_processes + self.ranks) * PROCESS_BYTES
+            offloaded = self.ranks * self.trainer_offloaded
+            return relays + offloaded + (self.replica_processes + self.ranks) * PROCESS_BYTES
         return self.replica_processes * self.replica + self.ranks * self.trainer_per_rank + relays
 
     def line(self) -> str:
@@ -83,7 +89,9 @@ class MemoryEstimate:
             f"memory estimate ({where}): {each} {gib(self.replica)} (KV cache {gib(self.kv_per_replica)}, "
             f"weights {gib(self.weights_per_replica)}) x {self.replica_processes}, per trainer rank "
             f"{gib(self.trainer_per_rank)} (weights, gradients and optimizer {gib(self.trainer_state)}, "
-            f"activations {gib(self.trainer_activations)}) x {self.ranks}, relay slots {gib(self.relay_slots)} x "
+            f"activations {gib(self.trainer_activations)}"
+            + (f"; {gib(self.trainer_offloaded)} offloaded to the host" if self.trainer_offloaded else "")
+            + f") x {self.ranks}, relay slots {gib(self.relay_slots)} x "
             f"{self.relays}: {gib(self.host)} of host memory in all"
         )
 
@@ -109,6 +117,13 @@ def estimate(cfg: Any, shape: Any, parameters: int, cuda: bool) -> MemoryEstimat
         per_param += 2 if cuda else 4
     embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
     unit_gradient = embeddings * 4 if t.num_workers > 1 and t.lora_rank == 0 else 0
+    state, offloaded = int(parameters * per_param) + unit_gradient, 0
+    if (
+        t.cpu_offload and cuda and t.lora_rank == 0
+    ):  # the GPU holds a unit at a time: the root's is the largest
+        state, offloaded = embeddings * (2 + 4), parameters * 16 // t.num_workers
+        if t.kl_coef > 0:  # the reference stays sharded on the GPU
+            state += parameters * 2 // t.num_workers
     tokens = t.micro_batch_tokens or t.micro_batch * 2 * r.max_new_tokens
     act_bytes = 2 if cuda else 4
     layer = (6 * shape.hidden_size + 4 * shape.intermediate_size) * act_bytes
@@ -129,7 +144,8 @@ def estimate(cfg: Any, shape: Any, parameters: int, cuda: bool) -> MemoryEstimat
     return MemoryEstimate(
         kv_per_replica=kv,
         weights_per_replica=replica_weights * engine_bytes,
-        trainer_state=int(parameters * per_param) + unit_gradient,
+        trainer_state=state,
+        trainer_offloaded=offloaded,
         trainer_activations=tokens * per_token,
         relay_slots=cfg.relay.slots * published * engine_bytes,
         replicas=r.replicas,
@@ -176,7 +192,7 @@ def too_big(est: MemoryEstimate, host_available: int, gpu_total: int | None, cfg
             return (
                 f"a trainer rank needs about {gib(est.trainer_per_rank)} and its share of a GPU "
                 f"(trainer.num_gpus={t.num_gpus:g}) is {gib(int(rank_share))}: lower trainer.micro_batch_tokens, "
-                "or use more trainer.num_workers or trainer.lora_rank"
+                "or use more trainer.num_workers, trainer.cpu_offload=true (with several) or trainer.lora_rank"
             )
     if not cfg.run.ray_address and est.host > host_available:
         return (

@@ -61,6 +61,13 @@ def test_the_kv_cache_weights_trainer_and_relays_follow_the_formula():
     lm_head = 1 if SMOLLM2.tie_word_embeddings else 2
     # and the root unit's (embedding, lm_head) fp32 gradient, whole before its reduce-scatter
     assert sharded.trainer_state == PARAMETERS * 18 // 4 + 49152 * 576 * lm_head * 4
+    # offloaded: the state in host memory, the GPU holding the root unit (bf16 weights, fp32 gradient) at most
+    offload = load_config(None, ["trainer.num_workers=4", "trainer.cpu_offload=true"])
+    offloaded = estimate(offload, SMOLLM2, PARAMETERS, cuda=True)
+    assert offloaded.trainer_state == 49152 * 576 * lm_head * 6
+    assert offloaded.trainer_offloaded == PARAMETERS * 16 // 4
+    assert offloaded.host == sharded.host + 4 * offloaded.trainer_offloaded
+    assert "offloaded to the host" in offloaded.line() and "offloaded" not in sharded.line()
     lora = estimate(
         load_config(None, ["trainer.lora_rank=8", "trainer.kl_coef=0.01"]), SMOLLM2, PARAMETERS, False
     )
