@@ -19,12 +19,11 @@ from laminar.tasks import choices as task_choices
 
 
 def _coerce(path: str, value: Any, kind: type) -> Any:
-    if (
-        _optional(kind) is not None
-    ):  # `int | None`: null for none; -1, the spelling before null, reads as null
+    inner = _optional(kind)
+    if inner is not None:  # `int | None`: null for none; -1, the spelling before null, reads as null
         if value is None or (value == -1 and not isinstance(value, bool)):
             return None
-        return _coerce(path, value, _optional(kind))
+        return _coerce(path, value, inner)
     if get_origin(kind) is list:  # one value stands for a list of one; "" for none
         items = [] if value in ("", None) else value if isinstance(value, list) else [value]
         return [_coerce(f"{path}[{i}]", v, get_args(kind)[0]) for i, v in enumerate(items)]

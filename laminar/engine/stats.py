@@ -17,9 +17,8 @@ class EngineStats:
     parked: int = 0  # requests waiting for a tool call: out of the batch, still this engine's work
     kv_blocks_used: int = 0  # KV blocks held now, of `kv_blocks_total`
     kv_blocks_total: int = 0
-    peak_kv_blocks: int = (
-        0  # the most held since the last `reset_peak()` (a replica's: since its batch began)
-    )
+    # the most held since the last `reset_peak()` (a replica's: since its batch began)
+    peak_kv_blocks: int = 0
     tokens_generated: int = 0
     num_preemptions: int = 0
     block_size: int = 16

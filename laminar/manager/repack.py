@@ -171,9 +171,8 @@ def _place_groups(
     """Each group of the source whole on one destination, the largest group first: among those that fit it,
     one that holds most of its siblings already, else the one `choose` picks for the group's blocks. A group
     that fits on no one destination is placed request by request, as without groups."""
-    units: dict[int | str, list[tuple[str, int]]] = defaultdict(
-        list
-    )  # by group, else by the request's own id
+    # by group, else by the request's own id
+    units: dict[int | str, list[tuple[str, int]]] = defaultdict(list)
     for request_id, blocks in reqs:
         group = group_of(request_id)
         units[request_id if group is None else group].append((request_id, blocks))

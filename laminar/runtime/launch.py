@@ -30,9 +30,8 @@ class Batch:
 
     groups: list[list[Trajectory]]  # the groups the step trains on
     t_taken: float  # when the last of them came from the buffer
-    filtered: list[list[Trajectory]] = field(
-        default_factory=list
-    )  # set aside by filter_groups: consumed, untrained
+    # set aside by filter_groups: consumed, untrained
+    filtered: list[list[Trajectory]] = field(default_factory=list)
     consumed_early: int = 0  # of the batch's groups, those the manager was already told were consumed
 
 
@@ -209,10 +208,9 @@ class Runtime(Lifetime):
             m["filtered_ids"] = [t.traj_id for g in filtered for t in g]
         # where a step's time goes between its last sample and its update
         t_gen_end = max((t.t_end for g in groups for t in g), default=m["t_start"])
-        m["scored_to_taken_s"] = round(
-            batch.t_taken - t_gen_end, 4
-        )  # scoring, buffer, transfer to the driver
-        m["taken_to_trainer_s"] = round(m["t_start"] - batch.t_taken, 4)  # the batch's way to the trainer
+        # scoring, buffer, transfer to the driver; then the batch's way to the trainer
+        m["scored_to_taken_s"] = round(batch.t_taken - t_gen_end, 4)
+        m["taken_to_trainer_s"] = round(m["t_start"] - batch.t_taken, 4)
         rec.log("step", step=v, **{k: x for k, x in m.items() if k not in ("t_start", "t_publish")})
         if due(self.cfg.run.samples_every, v):
             rec.samples(v, sample_rows(groups, v, self.cfg.run.samples_per_step, self.codec))

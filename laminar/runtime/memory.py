@@ -118,9 +118,8 @@ def estimate(cfg: Any, shape: Any, parameters: int, cuda: bool) -> MemoryEstimat
     embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
     unit_gradient = embeddings * 4 if t.num_workers > 1 and t.lora_rank == 0 else 0
     state, offloaded = int(parameters * per_param) + unit_gradient, 0
-    if (
-        t.cpu_offload and cuda and t.lora_rank == 0
-    ):  # the GPU holds a unit at a time: the root's is the largest
+    # offloaded: the GPU holds a unit at a time, the root's the largest
+    if t.cpu_offload and cuda and t.lora_rank == 0:
         state, offloaded = embeddings * (2 + 4), parameters * 16 // t.num_workers
         if t.kl_coef > 0:  # the reference stays sharded on the GPU
             state += parameters * 2 // t.num_workers
