@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from laminar import preflight
-from laminar.config import Config, ConfigError, lr_warning
+from laminar.config import Config, ConfigError, correction_warning, lr_warning
 from laminar.configure import load_config
 from laminar.telemetry.provenance import code_digest
 from laminar.telemetry.quiet import actor_env, quiet_libraries, ray_logging_level
@@ -119,9 +119,9 @@ def train(
     if resume:  # every file parses as data (never as code) and is in range, before any actor starts
         check_checkpoint(ckpt)
         rewind_to_checkpoint(out, ckpt)  # the logs end where the checkpoint does
-    warning = lr_warning(cfg)
-    if warning:
-        print(f"laminar: {warning}", file=sys.stderr, flush=True)
+    for warning in (lr_warning(cfg), correction_warning(cfg)):
+        if warning:
+            print(f"laminar: {warning}", file=sys.stderr, flush=True)
     t0 = time.time()
     trackers = Trackers(out, t0, cfg.to_dict(), cfg.run.wandb_project)
     recorder = Recorder(out, t0=t0, console=None if quiet else Console(), trackers=trackers)

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar.config import ConfigError, lr_warning
+from laminar.config import ConfigError, correction_warning, lr_warning
 from laminar.configure import load_config
 
 
@@ -152,6 +152,16 @@ def test_a_demo_learning_rate_on_a_real_model_warns_in_one_line(tiny_model_dir):
     assert lr_warning(load_config(None, lora)) is None
     line = lr_warning(load_config(None, [*lora, "trainer.lr=3e-3"]))
     assert "above 0.001" in line and "1e-4 to 5e-4 for LoRA" in line
+
+
+def test_decoupled_ppo_with_one_update_a_step_warns_that_its_clip_never_binds():
+    assert correction_warning(load_config()) is None  # correction=none: the clip is against the sampler's
+    for mode in ("tis", "mis"):
+        line = correction_warning(load_config(None, [f"trainer.correction={mode}"]))
+        assert f"trainer.correction={mode} with trainer.mini_batches=1" in line and "never binds" in line
+        assert "\n" not in line
+        # from the second update of a step on, the trainer's pre-step log-probs differ from the policy's
+        assert correction_warning(load_config(None, [f"trainer.correction={mode}", "trainer.mini_batches=2"])) is None
 
 
 def test_a_random_initialised_model_has_no_learning_rate_to_warn_about(tmp_path):

@@ -17,6 +17,7 @@ from laminar.config.schema import (
     RepackConfig,
     RunConfig,
     ScheduleConfig,
+    correction_warning,
     lr_warning,
 )
 from laminar.config.task import TaskConfig
@@ -42,5 +43,6 @@ __all__ = [
     "ScheduleConfig",
     "TaskConfig",
     "TrainerConfig",
+    "correction_warning",
     "lr_warning",
 ]

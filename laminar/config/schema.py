@@ -303,3 +303,18 @@ def lr_warning(cfg: Config) -> str | None:
         f"warning: trainer.lr={cfg.trainer.lr:g} with model.path set: learning rates above {limit:g} (the demo's "
         f"is 6e-4) wreck a pretrained model in a few steps; {advice}"
     )
+
+
+def correction_warning(cfg: Config) -> str | None:
+    """The one line a run prints when decoupled PPO (`trainer.correction` tis or mis) takes a single update a step:
+    its ratio is then against the trainer's own log-probs of that very update, 1 on every token, so the clip never
+    binds, and the sampler's drift is weighted (up to `is_cap`) but never clipped as `correction=none` clips it."""
+    t = cfg.trainer
+    if t.correction == "none" or t.mini_batches > 1:
+        return None
+    return (
+        f"warning: trainer.correction={t.correction} with trainer.mini_batches=1: the ratio is taken against the "
+        "trainer's own log-probs of the same update, so the PPO clip never binds (clip_frac 0) and stale tokens "
+        "are weighted, not clipped; on the chain task at staleness up to 4 it learned less per step than "
+        "trainer.correction=none (results/convergence-reasoning/README.md)"
+    )
