@@ -1,7 +1,7 @@
 """Where each convergence run's time went, from its run folder: one row a run, as JSON (`runs.json` beside a
 `laminar bench convergence --report` folder).
 
-    python experiments/convergence-runs-table.py DIR --machine "4 x NVIDIA H200" --commit abc1234 > DIR/runs.json
+    python experiments/convergence-reasoning-runs.py DIR --machine "4 x NVIDIA H200" --commit abc1234 > DIR/runs.json
 
 DIR holds runs/SCHEDULE/seed-S/{summary.json,metrics.jsonl} (what `laminar bench convergence` writes). Per run:
 the wall time and trainer steps of its summary, the mean trainer step (`step_time_s`), the trainer's busy share
