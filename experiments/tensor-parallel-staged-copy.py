@@ -53,14 +53,14 @@ def main() -> None:
 
     def staged() -> None:
         staging = None
-        for p, h, v in zip(params, host, views):
+        for p, h in zip(params, host):
             staging, flat = staged_copy(staging, h, dev)
             p.copy_(flat.view(h.shape).narrow(1, rank * (h.shape[1] // world), h.shape[1] // world))
 
     def link() -> None:
         target.copy_(contiguous, non_blocking=True)
 
-    for p, v in zip(params, views):  # both ways must give the rank the same weights
+    for p in params:  # the staged copy must give the rank exactly its view's weights
         p.zero_()
     staged()
     torch.cuda.synchronize()
