@@ -66,7 +66,9 @@ def main() -> None:
     args = parser.parse_args()
     folders = sorted(p.parent for p in (args.dir / "runs").glob("*/seed-*/summary.json"))
     if not folders:
-        raise SystemExit(f"{args.dir}/runs holds no SCHEDULE/seed-S/summary.json: point at a convergence folder")
+        raise SystemExit(
+            f"{args.dir}/runs holds no SCHEDULE/seed-S/summary.json: point at a convergence folder"
+        )
     out = {"machine": args.machine, "commit": args.commit, "runs": [run_row(f) for f in folders]}
     print(json.dumps(out, indent=1))
 

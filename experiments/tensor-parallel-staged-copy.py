@@ -39,7 +39,8 @@ def main() -> None:
     out = sys.argv[1]
     layers, hidden, inter = (int(a) for a in (sys.argv[2:5] + ["8", "5120", "13824"][len(sys.argv[2:5]) :]))
     world, rank, dtype, dev = 2, 0, torch.bfloat16, torch.device("cuda")
-    shapes = [(hidden, hidden), (hidden, inter)] * layers  # o_proj [hidden, heads*dim], down_proj [hidden, inter]
+    # o_proj [hidden, heads x head_dim] and down_proj [hidden, intermediate]: split by columns under TP
+    shapes = [(hidden, hidden), (hidden, inter)] * layers
     host = [torch.randn(s, dtype=torch.float32).to(dtype).pin_memory() for s in shapes]
     views = [h.narrow(1, rank * (h.shape[1] // world), h.shape[1] // world) for h in host]
     params = [torch.empty(v.shape, dtype=dtype, device=dev) for v in views]
@@ -69,7 +70,13 @@ def main() -> None:
     result = {
         "machine": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
-        "shape": {"layers": layers, "hidden": hidden, "intermediate": inter, "tp": world, "dtype": "bfloat16"},
+        "shape": {
+            "layers": layers,
+            "hidden": hidden,
+            "intermediate": inter,
+            "tp": world,
+            "dtype": "bfloat16",
+        },
         "rank_bytes": rank_bytes,
         "seconds": rows,
         "gb_per_s": {k: rank_bytes / v / 1e9 for k, v in rows.items()},
