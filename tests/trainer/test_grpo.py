@@ -92,6 +92,35 @@ def test_decoupled_ppo_ratio_is_against_the_proximal_policy():
     assert loss.item() == pytest.approx(-1.0 / 2) and m["is_masked_sum"] == 1
 
 
+def test_with_one_update_tis_follows_the_unclipped_gradient_where_the_sampler_clip_would_stop_it():
+    """One update a step: the trainer's pre-update log-probs are the policy's own, so tis's ratio is 1 and its clip
+    never binds. Its gradient then equals plain PPO's (ratio against the sampler, clipped) on every token plain PPO
+    does not clip and whose weight is under the cap, and differs exactly on the clipped ones: there plain PPO's
+    gradient is 0 and tis's is not (what `correction_warning` says)."""
+    torch.manual_seed(0)
+    shape = (4, 64)
+    base = torch.randn(shape) * 0.3 - 2.0
+    behaviour = base + torch.randn(shape) * 0.3  # the sampler's log-probs, some versions old
+    adv = torch.randn(shape[0], 1).expand(shape).contiguous()
+    mask = torch.ones(shape)
+
+    def grad(cfg: GRPOConfig) -> tuple[torch.Tensor, dict]:
+        logp = base.clone().requires_grad_(True)
+        loss, m = grpo_loss(logp, behaviour, adv, mask, cfg, mask.numel(), proximal=base.clone())
+        loss.backward()
+        return logp.grad, m
+
+    none_grad, none_m = grad(GRPOConfig())
+    tis_grad, tis_m = grad(GRPOConfig(proximal="trainer", is_correction="tis", is_cap=2.0))
+    assert tis_m["clip_frac_sum"] == 0 and tis_m["ratio_sum"] == pytest.approx(mask.numel())
+    rho = torch.exp(base - behaviour)
+    clipped = ((rho < 0.8) & (adv < 0)) | ((rho > 1.28) & (adv > 0))
+    assert none_m["clip_frac_sum"] == clipped.sum().item() > 0
+    same = ~clipped & (rho <= 2.0)
+    assert torch.allclose(tis_grad[same], none_grad[same], rtol=1e-5, atol=1e-9)
+    assert (none_grad[clipped] == 0).all() and (tis_grad[clipped] != 0).all()
+
+
 def test_mismatch_kl_estimate_is_zero_when_policies_agree_and_positive_otherwise():
     cfg = GRPOConfig()
     same = grpo_loss(torch.zeros(1, 3), torch.zeros(1, 3), torch.ones(1, 3), torch.ones(1, 3), cfg, 3)[1]
