@@ -161,7 +161,10 @@ def test_decoupled_ppo_with_one_update_a_step_warns_that_its_clip_never_binds():
         assert f"trainer.correction={mode} with trainer.mini_batches=1" in line and "never binds" in line
         assert "\n" not in line
         # from the second update of a step on, the trainer's pre-step log-probs differ from the policy's
-        assert correction_warning(load_config(None, [f"trainer.correction={mode}", "trainer.mini_batches=2"])) is None
+        assert (
+            correction_warning(load_config(None, [f"trainer.correction={mode}", "trainer.mini_batches=2"]))
+            is None
+        )
 
 
 def test_a_random_initialised_model_has_no_learning_rate_to_warn_about(tmp_path):

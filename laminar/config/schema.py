@@ -316,5 +316,5 @@ def correction_warning(cfg: Config) -> str | None:
         f"warning: trainer.correction={t.correction} with trainer.mini_batches=1: the ratio is taken against the "
         "trainer's own log-probs of the same update, so the PPO clip never binds (clip_frac 0) and stale tokens "
         "are weighted, not clipped; on the chain task at staleness up to 4 it learned less per step than "
-        "trainer.correction=none (results/convergence-reasoning/README.md)"
+        "trainer.correction=none (README: Decoupled PPO)"
     )

@@ -215,7 +215,10 @@ class Trainer(Batching, Forwards, Publishing, Checkpointing, FiniteChecks):
             )
             adv_of = [a for ga in advs for a in ga]
         proximal: dict[int, torch.Tensor] | None = None
-        if self.loss.proximal == "trainer":
+        # Decoupled PPO's pre-update log-probs: with one update a step they are the training forward's own
+        # (detached below), so the extra pass runs only when later mini-batches train on updated weights
+        decoupled = self.loss.proximal == "trainer"
+        if decoupled and len(plan) > 1:
             proximal = self._logprobs_no_grad(trajs, [mb for _, mbs in plan for mb in mbs])
 
         sums: dict[str, float] = {}
@@ -250,11 +253,11 @@ class Trainer(Batching, Forwards, Publishing, Checkpointing, FiniteChecks):
                     batch["mask"],
                     self.loss,
                     num_tokens,
-                    proximal=torch.cat([proximal[i] for i in idx]) if proximal else None,
+                    proximal=torch.cat([proximal[i] for i in idx])
+                    if proximal
+                    else (logp.detach() if decoupled else None),
                     ref_logp=ref,
-                    same_weights=self._same_weights(
-                        [trajs[i] for i in idx], proximal is not None or updates == 0
-                    ),
+                    same_weights=self._same_weights([trajs[i] for i in idx], decoupled or updates == 0),
                     seq_lengths=[len(trajs[i].response_ids) for i in idx],
                     num_seqs=num_seqs,
                 )

@@ -104,6 +104,20 @@ def test_decoupled_ppo_with_tis_runs_and_reports_the_mismatch():
     assert m["is_weight_mean"] == pytest.approx(2.0**0 * min(2.0, 1.3498588), abs=1e-3)
 
 
+@pytest.mark.parametrize("mini_batches, passes", [(1, 0), (2, 1)])
+def test_the_proximal_pass_runs_only_when_a_later_update_needs_it(mini_batches, passes):
+    """With one update a step the pre-update log-probs are the training forward's own: no extra forward."""
+    tr = make_trainer(correction="tis", is_cap=2.0, mini_batches=mini_batches)
+    groups = make_groups(tr, num_groups=4)  # scored by the trainer itself
+    calls = []
+    no_grad = tr._logprobs_no_grad
+    tr._logprobs_no_grad = lambda *a: calls.append(1) or no_grad(*a)
+    m = tr.train_step(groups)
+    assert len(calls) == passes and m["updates"] == mini_batches
+    if mini_batches == 1:
+        assert m["ratio_mean"] == pytest.approx(1.0) and m["clip_frac"] == 0
+
+
 @pytest.mark.parametrize("correction", ["none", "tis"])
 def test_the_mismatch_is_split_into_same_weights_and_stale_weights(correction):
     """Trajectories of the trainer's own version, scored by it: numerical mismatch only (about 0 here). Those of
