@@ -8,8 +8,9 @@
 #   bash configs/gpu-chain-convergence.sh warm
 #       the warm start on GPU 0 and, beside it on GPU 1, `laminar bench engine --speculation off,auto,on`
 #       on chain prompts (the imported model)
-#   bash configs/gpu-chain-convergence.sh spec
-#       `laminar bench engine --speculation off,auto,on` on chain prompts with the warm-started model (one GPU)
+#   bash configs/gpu-chain-convergence.sh spec [BENCH ARGS...]
+#       `laminar bench engine --speculation off,auto,on` on chain prompts with the warm-started model (one GPU);
+#       extra arguments go to the bench (e.g. --workload tail --repeats 3)
 #   bash configs/gpu-chain-convergence.sh laminar,one_step,sync [OVERRIDES...]
 #       (CONV_OUT=runs/NAME: another folder; SEEDS=0,1; TARGETS=0.3,0.4; BUDGET_S: the wall clock, cut to keep
 #       the results; the run folders come back as a .tgz, re-reported with `laminar bench convergence --report`)
@@ -37,7 +38,7 @@ if [ "$what" = spec ]; then  # grouped speculation on the warm-started model, wh
   [ -f $warm/model.safetensors ] || python3 -m laminar.cli warmup --task chain --model /tmp/smol --out $warm \
     --device cuda 2>&1 | grep -v "Warning\|warn" | tail -3
   python3 -m laminar.cli bench engine --speculation off,auto,on --model $warm --task chain \
-    --batch-sizes 1 4 16 64 --new-tokens 512 --out "$out/speculation-warm" 2>&1 | grep -v "Warning\|warn" | tail -30
+    --batch-sizes 1 4 16 64 --new-tokens 512 --out "$out/speculation-warm" "$@" 2>&1 | grep -v "Warning\|warn" | tail -30
   rc=${PIPESTATUS[0]}
   date
   exit $rc

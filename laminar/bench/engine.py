@@ -344,6 +344,15 @@ def main(argv: list[str]) -> int:
     spec.add_argument("--temperature", type=float, default=1.0)
     spec.add_argument("--top-p", type=float, default=1.0)
     spec.add_argument("--max-draft", type=int, default=8, help="rollout.speculation_max_draft")
+    spec.add_argument(
+        "--workload",
+        choices=["groups", "tail"],
+        default="groups",
+        help="groups: a group's samples start together; tail: each group's last sample, its siblings finished",
+    )
+    spec.add_argument(
+        "--repeats", type=int, default=1, help="runs of each mode, interleaved; the median's row"
+    )
     args = p.parse_args(argv)
     cuda = args.device == "cuda"
     if args.speculation is not None:

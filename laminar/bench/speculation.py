@@ -2,11 +2,20 @@
 decoding off and on, over groups of samples of a task's held-out prompts (a real model's text: random weights
 have no group structure to draft from).
 
-At batch B the engine runs at most B requests at once over ceil(B / group_size) groups (at batch 1 a group's
-samples run one after another, the tail's case: later ones draft from the finished). Every mode gets the same
-prompts, seeds and engine shape, and samples the same tokens (speculation changes only how many steps they
-take), so tokens/s compare directly; `same_tokens_as_first` counts the requests whose tokens equal the first
-mode's. Each engine is warmed up on other prompts first. Writes `DIR/engine-speculation-DEVICE.json`.
+Two workloads (`--workload`):
+- `groups`: at batch B the engine runs at most B requests at once over ceil(B / group_size) groups, all samples of
+  a group started together (at batch 1 a group's samples run one after another: later ones draft from the
+  finished).
+- `tail`: what a replica holds after repack, B requests of B groups whose other group_size - 1 samples have
+  finished elsewhere: those siblings are generated first (untimed, once per batch size, without speculation),
+  then each group's last sample arrives as a repack moves it, carrying its group's text
+  (`ExportedRequest.group_text`), and the B run at once, timed.
+
+Every mode gets the same prompts, seeds and engine shape, and samples the same tokens (speculation changes only
+how many steps they take), so tokens/s compare directly; `same_tokens_as_first` counts the requests whose tokens
+equal the first mode's. Each engine is warmed up on other prompts first. With `--repeats N` the modes run N times
+each, interleaved (off, on, off, on, ...), and a row holds the median run's numbers and every run's tokens/s.
+Writes `DIR/engine-speculation-DEVICE.json` (`-tail` before the suffix for the tail workload).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import torch
 
 from laminar.engine.config import SamplingParams, Speculation
 from laminar.engine.engine import Engine
+from laminar.engine.sequence import ExportedRequest
 from laminar.jsonio import write_json
 from laminar.telemetry.provenance import code_digest
 
@@ -40,12 +50,38 @@ def task_prompts(model_dir: str, task: str) -> tuple[list[list[int]], tuple[int,
     return [codec.encode_prompt(r["prompt"]) for r in rows], codec.end_ids
 
 
-def run_batch(engine: Engine, prompts: list[list[int]], group_size: int, params: SamplingParams) -> dict:
-    """Every sample of every prompt (seeds 0..group_size-1), to the end; throughput and the engine's counters."""
+def seeded(params: SamplingParams, seed: int) -> SamplingParams:
+    return SamplingParams(**{**params.__dict__, "seed": seed})
+
+
+def run_batch(
+    engine: Engine,
+    prompts: list[list[int]],
+    group_size: int,
+    params: SamplingParams,
+    siblings: list[list[list[int]]] | None = None,
+) -> dict:
+    """Every sample of every prompt (seeds 0..group_size-1), to the end; throughput and the engine's counters.
+    With `siblings` (per prompt, the outputs of its samples 0..group_size-2): only the last sample of each,
+    imported as a moved request that brings its siblings' text."""
     before = engine.stats()
     for g, prompt in enumerate(prompts):
-        for i in range(group_size):
-            engine.add_request(f"g{g}-{i}", prompt, SamplingParams(**{**params.__dict__, "seed": i}))
+        if siblings is None:
+            for i in range(group_size):
+                engine.add_request(f"g{g}-{i}", prompt, seeded(params, i))
+            continue
+        engine.import_request(
+            ExportedRequest(
+                request_id=f"g{g}-{group_size - 1}",
+                prompt_token_ids=prompt,
+                output_token_ids=[],
+                logprobs=[],
+                token_versions=[],
+                params=seeded(params, group_size - 1),
+                version=engine.version,
+                group_text=siblings[g],
+            )
+        )
     done: dict[str, list[int]] = {}
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
@@ -75,8 +111,23 @@ def run_batch(engine: Engine, prompts: list[list[int]], group_size: int, params:
     }
 
 
+def sibling_outputs(
+    engine: Engine, prompts: list[list[int]], group_size: int, params: SamplingParams
+) -> list[list[list[int]]]:
+    """Per prompt, the outputs of its samples 0..group_size-2 (the tail workload's finished siblings)."""
+    for g, prompt in enumerate(prompts):
+        for i in range(group_size - 1):
+            engine.add_request(f"g{g}-{i}", prompt, seeded(params, i))
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for f in engine.step().finished:
+            done[f.request_id] = f.output_token_ids
+    return [[done[f"g{g}-{i}"] for i in range(group_size - 1)] for g in range(len(prompts))]
+
+
 def run_speculation(args: Any, device: str, dtype: torch.dtype, argv: list[str]) -> dict:
     modes = args.speculation.split(",")
+    tail = args.workload == "tail"
     for m in modes:
         Speculation(m)  # a bad name fails before any model loads
     model = args.model[0]
@@ -101,31 +152,54 @@ def run_speculation(args: Any, device: str, dtype: torch.dtype, argv: list[str])
         "group_size": args.group_size,
         "sampling": {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.new_tokens},
         "max_draft": args.max_draft,
+        "workload": args.workload,
+        "repeats": args.repeats,
         "rows": [],
     }
-    path = Path(args.out) / f"engine-speculation-{device}.json"
+    path = Path(args.out) / f"engine-speculation{'-tail' if tail else ''}-{device}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+
+    def engine_for(mode: str, batch: int, requests: int) -> Engine:
+        return Engine.from_pretrained(
+            model,
+            eos_token_ids=end_ids,
+            device=device,
+            dtype=dtype,
+            max_num_seqs=batch,
+            num_kv_blocks=requests * -(-longest // 16) + 16,
+            max_model_len=longest + 16,
+            use_cuda_graphs=device == "cuda",
+            speculation=Speculation(mode, max_draft=args.max_draft),
+        )
+
     for batch in args.batch_sizes:
-        groups = prompts[: math.ceil(batch / args.group_size)]
+        # tail: at least a group_size of tail requests, at most `batch` at once (at batch 1 one after another)
+        groups = (
+            prompts[: max(batch, args.group_size)] if tail else prompts[: math.ceil(batch / args.group_size)]
+        )
+        siblings = None
+        if tail:
+            maker = engine_for("off", 64, 64)
+            siblings = sibling_outputs(maker, groups, args.group_size, params)
+            del maker
+        requests = len(groups) * (1 if tail else args.group_size)
+        engines = {mode: engine_for(mode, batch, requests) for mode in modes}
+        for engine in engines.values():
+            run_batch(engine, warm, 1, SamplingParams(**{**params.__dict__, "max_new_tokens": 16}))  # warm up
+        runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+        for _ in range(args.repeats):
+            for mode, engine in engines.items():
+                runs[mode].append(run_batch(engine, groups, args.group_size, params, siblings))
         first: dict[str, list[int]] | None = None
         for mode in modes:
-            engine = Engine.from_pretrained(
-                model,
-                eos_token_ids=end_ids,
-                device=device,
-                dtype=dtype,
-                max_num_seqs=batch,
-                num_kv_blocks=len(groups) * args.group_size * -(-longest // 16) + 16,
-                max_model_len=longest + 16,
-                use_cuda_graphs=device == "cuda",
-                speculation=Speculation(mode, max_draft=args.max_draft),
-            )
-            run_batch(engine, warm, 1, SamplingParams(**{**params.__dict__, "max_new_tokens": 16}))  # warm up
-            row = run_batch(engine, groups, args.group_size, params)
+            ranked = sorted(runs[mode], key=lambda r: r["tokens_per_s"])
+            row = dict(ranked[len(ranked) // 2])
             outputs = row.pop("outputs")
             first = first or outputs
             row.update(batch=batch, mode=mode, groups=len(groups))
-            row["same_tokens_as_first"] = f"{sum(outputs[k] == first[k] for k in first)}/{len(first)}"
+            row["tokens_per_s_runs"] = [r["tokens_per_s"] for r in runs[mode]]
+            same = sum(r["outputs"][k] == first[k] for r in runs[mode] for k in first)
+            row["same_tokens_as_first"] = f"{same}/{len(first) * len(runs[mode])}"
             result["rows"].append(row)
             acc = "" if row["acceptance"] is None else f", acceptance {row['acceptance']:.2f}"
             tpv = (
@@ -138,10 +212,10 @@ def run_speculation(args: Any, device: str, dtype: torch.dtype, argv: list[str])
                 + (f"; gate steps {gate}, ms a token {row['gate_ms_per_token']}" if gate else ""),
                 flush=True,
             )
-            del engine
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
+        del engines
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
         write_json(path, result)
     base = {r["batch"]: r["tokens_per_s"] for r in result["rows"] if r["mode"] == modes[0]}
     result["speedup"] = {

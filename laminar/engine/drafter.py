@@ -6,7 +6,9 @@ plus output, running or finished, this request's own included) is indexed by its
 ends; the longest n-gram ending the request (MAX_NGRAM tokens down to MIN_NGRAM) picks the places that match, and
 the draft follows them a token at a time, taking the token most of them continue with (the latest on a tie) and
 keeping only the places that agree. The index grows as tokens arrive: each stream's new tokens are added when the
-group next drafts, a few dictionary updates a token, on the host.
+group next drafts, a few dictionary updates a token, on the host. A request that moves to another engine (repack)
+takes its group's text along (`ExportedRequest.group_text`), so a tail request drafts from its finished siblings
+wherever it runs on.
 
 Which tokens are drafted never changes what a request samples (`sampler.accepted_prefix`): drafts only decide how
 many of its tokens one step computes. How much to draft is adaptive: each request's draft length follows its
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections import Counter
 
 MIN_NGRAM, MAX_NGRAM = 2, 4  # the n-grams indexed: shorter matches draft noise, longer ones rarely match more
+MAX_TEXTS = 16  # sibling texts a moved request carries (the latest): a group, bounded if it moves often
 MAX_MATCHES = 16  # places a draft follows (the latest): enough to vote, few enough to stay cheap
 ACCEPTANCE_WEIGHT = 0.1  # a group's running acceptance: each draft outcome moves it this far
 
@@ -53,6 +56,21 @@ class GroupText:
             self.indexed.append(0 if s == 0 else self.prompt_len - 1)
         self.live.add(s)
         return s
+
+    def add_text(self, tokens: list[int]) -> None:
+        """A sibling's text from another engine (prompt plus output), indexed once and never growing; one that
+        is already here (it came with an earlier move) is not added again."""
+        if tokens in self.streams:
+            return
+        self.indexed.append(0 if not self.streams else self.prompt_len - 1)
+        self.streams.append(tokens)
+        self._index(len(self.streams) - 1)
+
+    def texts(self, stream: int) -> list[list[int]]:
+        """The outputs of the group's other streams (the latest `MAX_TEXTS`), for a request that leaves with
+        `stream` to take along."""
+        p = self.prompt_len
+        return [list(t[p:]) for s, t in enumerate(self.streams) if s != stream and len(t) > p][-MAX_TEXTS:]
 
     def leave(self, stream: int) -> None:
         """Its request left: index what it wrote last; its text stays for the siblings still here."""

@@ -20,6 +20,7 @@ class RequestMoves:
                 f"request {request_id!r} is not in this engine (finished, aborted, or never added)"
             )
         kv = self.runner.read_kv(seq.block_table, seq.num_cached) if with_kv and seq.num_cached else None
+        group_text = seq.group.texts(seq.stream) if seq.group is not None else []
         self.abort(request_id)
         return ExportedRequest(
             request_id=seq.request_id,
@@ -32,10 +33,12 @@ class RequestMoves:
             loss_mask=seq.mask() if seq.loss_mask else [],
             parked=seq.parked,
             kv=kv,
+            group_text=group_text,
         )
 
     def import_request(self, exported: ExportedRequest) -> None:
-        """Queue a moved request; it re-prefills prompt plus outputs, then continues its own sampling stream. A
+        """Queue a moved request; it re-prefills prompt plus outputs, then continues its own sampling stream (and,
+        speculating, drafts from the group text it brought as well as from what this engine holds). A
         request that was parked (waiting for a tool) stays parked here until `resume`. One that brings its keys
         and values (`kv`) from an engine of this version starts from them and prefills only the rest, when they
         fit this engine's cache and free blocks; otherwise it re-prefills as any other."""
@@ -65,6 +68,10 @@ class RequestMoves:
         if e.kv is not None and e.version == self.version:
             self._take_kv(seq, e.kv)
         self._admit(seq)
+        if seq.group is not None:
+            prompt = tokens[: seq.num_prompt_tokens]
+            for text in e.group_text:
+                seq.group.add_text(prompt + list(text))
         if e.parked:
             self.scheduler.park(seq)
 

@@ -83,6 +83,9 @@ class ExportedRequest:
     loss_mask: list[int] = field(default_factory=list)  # per output token (see Sequence); [] = all sampled
     parked: bool = False  # it was waiting for a tool: the importer keeps it parked until `resume`
     kv: MovedKV | None = None  # its cached keys and values (`export_request(with_kv=True)`); None: re-prefill
+    # the outputs of its group's other samples that the exporter held (speculating engines only; see drafter.py):
+    # a speculating importer drafts from them
+    group_text: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

@@ -8,6 +8,7 @@ at temperature 1 and with top-p), and the check is shown to fail for a wrong acc
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -408,6 +409,50 @@ def test_moves_and_tool_turns_mid_speculation(succ, mode):
     still, moved = moved_run(succ, move=False, speculation=mode), moved_run(succ, move=True, speculation=mode)
     assert_same(moved, still)
     assert any(f.loss_mask and 0 in f.loss_mask for f in still.values())  # some resumed with context
+
+
+def test_a_moved_request_takes_its_group_text_along(succ):
+    """Repack moves tail requests away from their finished siblings: the export carries the siblings' text
+    (`group_text`), the importer drafts from it, and the request still samples exactly what it would have.
+    Engines that do not speculate neither send nor use it."""
+    params = {"temperature": 1.0, "ignore_eos": True}
+    prompt = [5, 9, 14, 3]
+
+    def exported(speculation):
+        a = spec_engine(succ, speculation, max_num_seqs=4)
+        for i in range(3):
+            a.add_request(f"r{i}", prompt, SamplingParams(**params, seed=i, max_new_tokens=24))
+        a.add_request("tail", prompt, SamplingParams(**params, seed=3, max_new_tokens=64))
+        siblings = {}
+        while len(siblings) < 3:
+            siblings.update({f.request_id: f.output_token_ids for f in a.step().finished})
+        return a.export_request("tail"), siblings
+
+    e, siblings = exported(ON)
+    assert sorted(map(tuple, e.group_text)) == sorted(map(tuple, siblings.values()))
+    assert exported(OFF)[0].group_text == []
+
+    def continued(moved, speculation):
+        b = spec_engine(succ, speculation, max_num_seqs=4)
+        b.import_request(moved)
+        return drain(b)["tail"], b.stats()
+
+    plain = spec_engine(succ, OFF, max_num_seqs=4)
+    plain.add_request("tail", prompt, SamplingParams(**params, seed=3, max_new_tokens=64))
+    want = drain(plain)
+    alone = dataclasses.replace(e, group_text=[])
+    (with_text, stats), (without, bare) = continued(e, ON), continued(alone, ON)
+    assert_same({"tail": with_text}, want)
+    assert_same({"tail": without}, want)
+    assert_same({"tail": continued(e, OFF)[0]}, want)
+    # the siblings' text gives the moved request drafts it could not make from its own
+    assert stats.accepted_tokens > bare.accepted_tokens, (stats, bare)
+    assert stats.decode_steps < bare.decode_steps, (stats, bare)
+    # a text that came with an earlier move is not indexed twice
+    g = GroupText(2)
+    g.add_text([1, 2, 3, 4])
+    g.add_text([1, 2, 3, 4])
+    assert len(g.streams) == 1 and g.texts(5) == [[3, 4]]
 
 
 def test_preemption_and_short_blocks(succ):
