@@ -8,6 +8,7 @@ slot, which is how the publisher knows the slot may be overwritten, without aski
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +68,8 @@ class WeightPublisher:
             )
         self._pin = pinning.cuda_available() if pin is None else pin
         self._registered: list[bool] = []
+        self._preparing: threading.Thread | None = None  # `prepare`'s slot registration, until it ends
+        self.prepare_s: float | None = None  # how long it took
         sweep_stale()
         self._master = master
         self._timeout = timeout
@@ -163,13 +166,42 @@ class WeightPublisher:
         flatten_into(state, self._layout, self._slots[slot].array[:nbytes])
         return slot, self._layout, nbytes
 
+    def prepare(self, nbytes: int) -> None:
+        """Make the slots for versions of `nbytes` now, and in a background thread page-lock them (or, without
+        CUDA, touch their pages), so the first publishes do not pay for it: a slot's pages are first touched
+        when it is registered, about 15 s a slot at a 14B shape, which the first publish into each slot
+        otherwise stalls on. A publish that comes before the thread ends waits for it."""
+        if self._slots or nbytes <= 0:
+            return
+        self._make_slots(nbytes)
+        self._preparing = threading.Thread(target=self._prepare_slots, name="publish-slots", daemon=True)
+        self._preparing.start()
+
+    def _prepare_slots(self) -> None:
+        t0 = time.perf_counter()
+        for i, buf in enumerate(self._slots):
+            if self._pin:
+                self._registered[i] = pinning.register(buf.array, read_only=False)
+            else:
+                buf.array[::4096] = 0  # a byte a page: the pages exist before the first copy in
+        self.prepare_s = time.perf_counter() - t0
+
+    def _prepared(self) -> None:
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
+
+    def _make_slots(self, nbytes: int) -> None:
+        for i in range(self._num_slots):
+            self._slots.append(ShmBuffer(new_buffer_path(self._tag, i), nbytes))
+            self._pending.append(None)
+            self._registered.append(False)
+
     def _free_slot(self, nbytes: int) -> int:
         """A slot the master is not reading; waits (bounded) only if the master fell behind by num_slots."""
+        self._prepared()
         if not self._slots:
-            for i in range(self._num_slots):
-                self._slots.append(ShmBuffer(new_buffer_path(self._tag, i), nbytes))
-                self._pending.append(None)
-                self._registered.append(False)
+            self._make_slots(nbytes)
         self._collect()
         free = [i for i, ref in enumerate(self._pending) if ref is None]
         if not free:
@@ -213,6 +245,7 @@ class WeightPublisher:
         self._collect()
 
     def close(self) -> None:
+        self._prepared()
         for buf, registered in zip(self._slots, self._registered):
             if registered:
                 pinning.unregister(buf.array)

@@ -96,7 +96,12 @@ class TrainerActor:
         if self.rank != 0:
             return
         if self.publisher is None:
+            from laminar.engine.layout import WeightLayout
+
             self.publisher = WeightPublisher(master, num_slots=self.slots)
+            specs = self.trainer.publish_specs()
+            if specs is not None:  # the slots made and page-locked while the first rollouts run
+                self.publisher.prepare(WeightLayout.of_specs(specs).total_bytes)
         else:
             self.publisher.set_master(master)
 

@@ -30,6 +30,16 @@ class Publishing:
                 self._names.remove("lm_head.weight")
         return list(self._names)
 
+    def publish_specs(self) -> list[tuple[str, tuple[int, ...], torch.dtype]] | None:
+        """(name, shape, dtype) of every tensor a publish writes, the whole tensor's shape on a sharded trainer,
+        without copying any (a publisher makes its slots from them before the first publish); None where they
+        are known only once built (LoRA)."""
+        if self.lora:
+            return None
+        sd = self.model.state_dict()
+        dtype = getattr(torch, self.publish_dtype) if self.publish_dtype else None
+        return [(k, tuple(sd[k].shape), dtype or sd[k].dtype) for k in self.publish_names()]
+
     def named_weights(self, check: bool = True) -> dict[str, torch.Tensor]:
         """The HF state_dict to publish (`publish_names`), or with `trainer.lora_publish=adapters` the LoRA
         adapters alone (`lora.adapter_weights`). The tensors are live views, valid until the next

@@ -165,6 +165,7 @@ def test_state_dict_publish_round_trips_through_unflatten(nodes):
     """The trainer's path: a torch state_dict in, engine-format flat bytes out at another node's relay."""
     import torch
 
+    from laminar.engine.layout import WeightLayout
     from laminar.engine.weights import unflatten
 
     relays = place_relays(nodes[1:3], SETTINGS, prefix="sd")
@@ -181,6 +182,10 @@ def test_state_dict_publish_round_trips_through_unflatten(nodes):
     def load(buf: np.ndarray, layout, version: int) -> None:
         got.update({k: v.clone() for k, v in unflatten(buf, layout).items()})
 
+    # the trainer's start: the slots made (and their pages touched) before the first publish, which uses them
+    pub.prepare(WeightLayout.of(state).total_bytes)
+    prepared = [b.path for b in pub._slots]
+    assert len(prepared) == 3
     try:
         for version in (1, 2):
             state = {k: v + 1 for k, v in state.items()}
@@ -190,6 +195,7 @@ def test_state_dict_publish_round_trips_through_unflatten(nodes):
             assert got.keys() == state.keys()
             for k, v in state.items():
                 assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+        assert pub.prepare_s is not None and [b.path for b in pub._slots] == prepared
         with pytest.raises(KeyError, match="model.norm.weight"):
             pub.publish(3, {k: v for k, v in state.items() if k != "model.norm.weight"})
     finally:

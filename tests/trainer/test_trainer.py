@@ -178,6 +178,16 @@ def test_named_weights_leave_out_a_tied_head():
     assert all(not v.requires_grad for v in tied.values())
 
 
+@pytest.mark.parametrize("publish_dtype", ["", "bfloat16"])
+def test_publish_specs_give_the_published_layout_before_any_publish(publish_dtype):
+    """What the publisher's slots are made from at the trainer's start: the layout of the first publish."""
+    from laminar.engine.layout import WeightLayout
+
+    tr = make_trainer(publish_dtype=publish_dtype)
+    assert WeightLayout.of_specs(tr.publish_specs()) == WeightLayout.of(tr.named_weights())
+    assert make_trainer(lora_rank=2).publish_specs() is None  # LoRA's are known once built
+
+
 def test_bad_model_paths_say_what_is_missing(tmp_path):
     with pytest.raises(ModelPathError, match="does not exist.*laminar warmup"):
         check_model_dir(tmp_path / "nope")
