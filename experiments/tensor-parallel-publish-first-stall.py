@@ -1,7 +1,7 @@
 """The trainer's publish stall for its first versions, with and without the slots prepared at its start
 (`WeightPublisher.prepare`: the slots made and page-locked in a background thread before the first publish).
 
-    PYTHONPATH=$PWD python3 experiments/publish-first-stall.py OUT.json [GB] [VERSIONS]
+    PYTHONPATH=$PWD python3 experiments/tensor-parallel-publish-first-stall.py OUT.json [GB] [VERSIONS]
 
 On one GPU: a state_dict of GB gigabytes of bf16 tensors (default 8) on the device, published VERSIONS times
 (default 5) to a master relay on a one-node Ray cluster, once as the publisher did before (each slot made and
@@ -99,7 +99,7 @@ def main() -> None:
         "bytes": nbytes,
         "pinned_copy_s": pinned_copy_s(state),
         "runs": runs,
-        "command": "python3 experiments/publish-first-stall.py " + " ".join(sys.argv[2:]),
+        "command": "python3 experiments/tensor-parallel-publish-first-stall.py " + " ".join(sys.argv[2:]),
     }
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
