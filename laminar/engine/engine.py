@@ -34,7 +34,7 @@ from laminar.engine.sequence import (
 )
 from laminar.engine.speculative import VERIFYING, Speculating
 from laminar.engine.stats import EngineStats
-from laminar.engine.tensor_parallel import TPGroup, local_config, shard_spec, shard_state_dict
+from laminar.engine.tensor_parallel import TPGroup, local_config, shard_spec
 from laminar.engine.weights import load_safetensors_dir, staged_copy, unflatten
 
 CPU_KV_BUDGET = 1 << 30  # default KV cache on CPU: 1 GiB (or less if the running cap needs less)
@@ -391,9 +391,8 @@ class Engine(RequestMoves, Speculating):
         self.version = version
 
     def _load_whole(self, params: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
-        whole = state
-        if self.tp:
-            state = shard_state_dict(state, self.config, self.tp.rank, self.tp.world)
+        """Copy a whole Hugging Face state dict in; under tensor parallelism, this rank's slices of it
+        (`shard_spec`), taken as views of the whole tensors."""
         tied_extra = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
         missing = sorted(set(params) - set(state))
         if missing:
@@ -411,7 +410,9 @@ class Engine(RequestMoves, Speculating):
             )
         staging: torch.Tensor | None = None  # one device buffer for every strided slice, in stream order
         for name, p in params.items():
-            src = state[name]
+            whole = state[name]
+            spec = shard_spec(name, self.config, self.tp.rank, self.tp.world) if self.tp else None
+            src = whole if spec is None else whole.narrow(*spec)
             if tuple(src.shape) != tuple(p.shape):
                 raise ValueError(
                     f"weight {name!r} has shape {tuple(src.shape)}; this model expects {tuple(p.shape)}"
@@ -419,13 +420,8 @@ class Engine(RequestMoves, Speculating):
             if src.is_contiguous():
                 p.copy_(src, non_blocking=True)
             else:  # a rank's columns (o_proj, down_proj): strided in host memory, so copied whole, sliced here
-                staging, flat = staged_copy(staging, whole[name], self.device)
-                p.copy_(flat.view(whole[name].shape).narrow(*self._columns(name)))
-
-    def _columns(self, name: str) -> tuple[int, int, int]:
-        spec = shard_spec(name, self.config, self.tp.rank, self.tp.world)
-        assert spec is not None, f"{name} is whole on every rank, yet its slice is strided"
-        return spec
+                staging, flat = staged_copy(staging, whole, self.device)
+                p.copy_(flat.view(whole.shape).narrow(*spec))
 
     # ---- stats --------------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -9,7 +9,7 @@ stream (nothing is broadcast but the calls). Reads (stats, progress, version) ar
 repack, recovery, tool turns and heartbeats see one replica, as at one rank.
 
 Weights: rank 0 leases the relay slot and sends its file; every rank maps it and copies its own slices out of the
-flat buffer (`shard_state_dict`: views, no gather), and rank 0 releases the lease once every rank has said it is
+flat buffer (`shard_spec`: views, no gather), and rank 0 releases the lease once every rank has said it is
 done. One version for every rank: the one rank 0 leased, applied by all before the next call.
 
 Moves: an exported request carries its keys and values whole (each rank's KV heads gathered on rank 0,
