@@ -49,6 +49,18 @@ class TrainerActor:
         from laminar.trainer.trainer import Trainer
 
         self.trainer = Trainer(**self.args)
+        self._prepare_slots()
+
+    def _prepare_slots(self) -> None:
+        """Once both the policy and the publisher exist (either comes first): the publish slots made and
+        page-locked in the background while the first rollouts run (`WeightPublisher.prepare`)."""
+        if self.trainer is None or self.publisher is None:
+            return
+        from laminar.engine.layout import WeightLayout
+
+        specs = self.trainer.publish_specs()
+        if specs is not None:
+            self.publisher.prepare(WeightLayout.of_specs(specs).total_bytes)
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -88,6 +100,7 @@ class TrainerActor:
         dist.all_gather_object(nodes, self.node_id())
         self.remote = nodes[self.rank] != nodes[0]
         self.remote_ranks = sum(n != nodes[0] for n in nodes)
+        self._prepare_slots()
 
     def attach_master(self, master: Any) -> None:
         from laminar.relay.publisher import WeightPublisher
@@ -96,12 +109,8 @@ class TrainerActor:
         if self.rank != 0:
             return
         if self.publisher is None:
-            from laminar.engine.layout import WeightLayout
-
             self.publisher = WeightPublisher(master, num_slots=self.slots)
-            specs = self.trainer.publish_specs()
-            if specs is not None:  # the slots made and page-locked while the first rollouts run
-                self.publisher.prepare(WeightLayout.of_specs(specs).total_bytes)
+            self._prepare_slots()
         else:
             self.publisher.set_master(master)
 
