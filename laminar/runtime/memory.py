@@ -19,6 +19,7 @@ swapping, or being killed, minutes later.
                            bytes a token a layer) and one layer's whole activations live at a time
     relay slots          = relay.slots x parameters x the published dtype's bytes, in shared memory, per relay
                            (LoRA adapters published alone: their rank x (in + out) numbers a projection)
+    publish slots        = as many again, the trainer's own (made and page-locked at its start), on its machine
 
 and each process's own footprint (torch, transformers and Ray's worker: `PROCESS_BYTES`). A micro-batch's tokens
 are `trainer.micro_batch_tokens` when set, else `trainer.micro_batch` sequences of twice `rollout.max_new_tokens`
@@ -71,10 +72,15 @@ class MemoryEstimate:
         return self.trainer_state + self.trainer_activations + (0 if self.cuda else PROCESS_BYTES)
 
     @property
+    def publish_slots(self) -> int:
+        """The trainer's publish slots: as many versions as a relay holds."""
+        return self.relay_slots
+
+    @property
     def host(self) -> int:
-        """What the machine's memory holds: everything on CPU; on CUDA the processes, the relay slots and an
-        offloaded trainer's state."""
-        relays = self.relays * (self.relay_slots + RELAY_PROCESS_BYTES)
+        """What the machine's memory holds: everything on CPU; on CUDA the processes, the relay and publish
+        slots and an offloaded trainer's state."""
+        relays = self.relays * (self.relay_slots + RELAY_PROCESS_BYTES) + self.publish_slots
         if self.cuda:
             offloaded = self.ranks * self.trainer_offloaded
             return relays + offloaded + (self.replica_processes + self.ranks) * PROCESS_BYTES
@@ -91,8 +97,8 @@ class MemoryEstimate:
             f"{gib(self.trainer_per_rank)} (weights, gradients and optimizer {gib(self.trainer_state)}, "
             f"activations {gib(self.trainer_activations)}"
             + (f"; {gib(self.trainer_offloaded)} offloaded to the host" if self.trainer_offloaded else "")
-            + f") x {self.ranks}, relay slots {gib(self.relay_slots)} x "
-            f"{self.relays}: {gib(self.host)} of host memory in all"
+            + f") x {self.ranks}, relay slots {gib(self.relay_slots)} x {self.relays} and the trainer's "
+            f"publish slots {gib(self.publish_slots)}: {gib(self.host)} of host memory in all"
         )
 
 

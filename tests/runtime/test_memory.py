@@ -35,9 +35,10 @@ def test_the_kv_cache_weights_trainer_and_relays_follow_the_formula():
     tokens = 4 * 2 * 48  # micro_batch sequences of twice rollout.max_new_tokens
     assert est.trainer_activations == tokens * (30 * (6 * 576 + 4 * 1536) * 4 + 49152 * 3 * 4)
     assert est.relay_slots == 3 * PARAMETERS * 4 and est.relays == 2
+    assert est.publish_slots == est.relay_slots  # the trainer's own, as many versions
     assert est.host == (
         2 * est.replica + est.trainer_state + est.trainer_activations + PROCESS_BYTES
-        + 2 * (est.relay_slots + RELAY_PROCESS_BYTES)
+        + 2 * (est.relay_slots + RELAY_PROCESS_BYTES) + est.publish_slots
     )  # fmt: skip
     gpu = estimate(
         load_config(None, ["rollout.kv_blocks=8192", "trainer.micro_batch_tokens=1000"]),
@@ -56,7 +57,9 @@ def test_the_kv_cache_weights_trainer_and_relays_follow_the_formula():
         cuda=True,
     )  # every layer's input kept, one layer's activations at a time
     assert recomputed.trainer_activations == 1000 * ((30 * 576 + 6 * 576 + 4 * 1536) * 2 + 49152 * 3 * 4)
-    assert gpu.host == 2 * (gpu.relay_slots + RELAY_PROCESS_BYTES) + 4 * PROCESS_BYTES  # GPU memory apart
+    assert (
+        gpu.host == 2 * (gpu.relay_slots + RELAY_PROCESS_BYTES) + gpu.publish_slots + 4 * PROCESS_BYTES
+    )  # GPU memory apart
     sharded = estimate(load_config(None, ["trainer.num_workers=4"]), SMOLLM2, PARAMETERS, cuda=True)
     lm_head = 1 if SMOLLM2.tie_word_embeddings else 2
     # and the root unit's (embedding, lm_head) fp32 gradient, whole before its reduce-scatter
@@ -91,7 +94,7 @@ def test_the_kv_cache_weights_trainer_and_relays_follow_the_formula():
     assert tp.kv_per_replica == gpu.kv_per_replica // 3
     assert tp.weights_per_replica == (embedding + (PARAMETERS - embedding) // 3) * 2
     assert (
-        tp.host == 2 * (tp.relay_slots + RELAY_PROCESS_BYTES) + (3 * 3 + 1) * PROCESS_BYTES
+        tp.host == 2 * (tp.relay_slots + RELAY_PROCESS_BYTES) + tp.publish_slots + (3 * 3 + 1) * PROCESS_BYTES
     )  # 3 replicas of 3
 
 
@@ -119,7 +122,10 @@ def test_the_start_line_names_each_part():
     assert est.line().startswith(
         "memory estimate (host): per replica 1.18 GiB (KV cache 0.18 GiB, weights 0.50 GiB)"
     )
-    assert est.line().endswith(f"relay slots 1.00 GiB x 2: {est.host / GIB:.2f} GiB of host memory in all")
+    assert est.line().endswith(
+        f"relay slots 1.00 GiB x 2 and the trainer's publish slots 1.00 GiB: {est.host / GIB:.2f} GiB of host "
+        "memory in all"
+    )
 
 
 def test_the_parameters_are_counted_from_the_safetensors_headers(tmp_path):
