@@ -54,6 +54,15 @@ def seeded(params: SamplingParams, seed: int) -> SamplingParams:
     return SamplingParams(**{**params.__dict__, "seed": seed})
 
 
+def outputs_to_the_end(engine: Engine) -> dict[str, list[int]]:
+    """Step until every request has finished; their output tokens by request id."""
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for f in engine.step().finished:
+            done[f.request_id] = f.output_token_ids
+    return done
+
+
 def run_batch(
     engine: Engine,
     prompts: list[list[int]],
@@ -82,13 +91,10 @@ def run_batch(
                 group_text=siblings[g],
             )
         )
-    done: dict[str, list[int]] = {}
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    while engine.has_unfinished():
-        for f in engine.step().finished:
-            done[f.request_id] = f.output_token_ids
+    done = outputs_to_the_end(engine)
     wall = time.perf_counter() - start
     s = engine.stats()
     tokens = sum(len(t) for t in done.values())
@@ -118,10 +124,7 @@ def sibling_outputs(
     for g, prompt in enumerate(prompts):
         for i in range(group_size - 1):
             engine.add_request(f"g{g}-{i}", prompt, seeded(params, i))
-    done: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for f in engine.step().finished:
-            done[f.request_id] = f.output_token_ids
+    done = outputs_to_the_end(engine)
     return [[done[f"g{g}-{i}"] for i in range(group_size - 1)] for g in range(len(prompts))]
 
 
