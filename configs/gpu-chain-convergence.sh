@@ -11,6 +11,10 @@
 #   bash configs/gpu-chain-convergence.sh spec [BENCH ARGS...]
 #       `laminar bench engine --speculation off,auto,on` on chain prompts with the warm-started model (one GPU);
 #       extra arguments go to the bench (e.g. --workload tail --repeats 3)
+#   bash configs/gpu-chain-convergence.sh synccheck
+#       whether speculation changes what the runtime samples on the GPU: one `sync` step from the imported
+#       model (same prompts, same seeds), run as off, off again, off on one replica (another batch make-up),
+#       off unpipelined, and on; each against the first, token for token (experiments/speculation-sync-compare.py)
 #   bash configs/gpu-chain-convergence.sh laminar,one_step,sync [OVERRIDES...]
 #       (CONV_OUT=runs/NAME: another folder; SEEDS=0,1; TARGETS=0.3,0.4; BUDGET_S: the wall clock, cut to keep
 #       the results; the run folders come back as a .tgz, re-reported with `laminar bench convergence --report`)
@@ -42,6 +46,27 @@ if [ "$what" = spec ]; then  # grouped speculation on the warm-started model, wh
   rc=${PIPESTATUS[0]}
   date
   exit $rc
+fi
+if [ "$what" = synccheck ]; then
+  base="model.path=/tmp/smol schedule.name=sync trainer.steps=1 eval.every=0 task.chain_levels=3
+    trainer.num_gpus=0.5 rollout.num_gpus=0.25 run.num_cpus=14 trainer.checkpoint_every=0
+    trainer.checkpoint_at_end=false run.save_trajectories=true run.plots=false"
+  declare -A runs=([off]="rollout.speculation=off rollout.replicas=2"
+    [off-again]="rollout.speculation=off rollout.replicas=2"
+    [off-1replica]="rollout.speculation=off rollout.replicas=1"
+    [off-unpipelined]="rollout.speculation=off rollout.replicas=2 rollout.pipeline=off"
+    [on]="rollout.speculation=on rollout.replicas=2")
+  for name in off off-again off-1replica off-unpipelined on; do
+    python3 -m laminar.cli train configs/smollm2-chain.yaml $base ${runs[$name]} run.out=runs/synccheck/$name \
+      > "$out/synccheck-$name.log" 2>&1 || { tail -20 "$out/synccheck-$name.log"; exit 1; }
+    tail -2 "$out/synccheck-$name.log"
+  done
+  for name in off-again off-1replica off-unpipelined on; do
+    python3 experiments/speculation-sync-compare.py runs/synccheck/off runs/synccheck/$name
+  done | tee "$out/synccheck.jsonl"
+  tar czf "$out/synccheck.tgz" --exclude='checkpoint*' --exclude='trajectories.jsonl' runs/synccheck
+  date
+  exit 0
 fi
 [ -f $warm/model.safetensors ] || { echo "no warm start in $warm: run 'warm' first"; exit 1; }
 timeout "${BUDGET_S:-560}" python3 -m laminar.cli bench convergence configs/smollm2-chain.yaml model.path=$warm \
