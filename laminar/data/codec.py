@@ -2,7 +2,9 @@
 
 Every model directory, the demo's included, takes one path: `transformers.AutoTokenizer`, on the driver; the
 replicas load the class it chose directly (`tokenizer_class`), which is what AutoTokenizer ends in, without its
-model registry (about a CPU-second of imports a replica). A prompt is a string or
+model registry (about a CPU-second of imports a replica), or, where a reward only reads responses, not even
+that: a `ResponseDecoder` over the tokenizer's own decoding state (`TaskCodec.plain_decoder`), without
+transformers at all (its import is most of a replica's start). A prompt is a string or
 a list of `{role, content}` messages; messages go through the tokenizer's chat template with the generation
 prompt, and so do strings when the model has a template (`data.chat_template`: auto | always | never). A model
 declares its end tokens in several places (config.json, generation_config.json, the tokenizer's EOS); generation
@@ -11,11 +13,12 @@ stops on all of them, and the decode a reward sees stops at the first.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import json
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +99,90 @@ def save_model_dir(model: Any, codec: TaskCodec, out: str | Path) -> Path:
     return out
 
 
+class ResponseDecoder:
+    """A response's ids to the text a reward reads: `decode` (one turn) and `response_text` (turns and tool
+    outputs). `decode_ids(ids, skip_special_tokens)` is the tokenizer's decoding; `tool_frame()` the text a
+    rendered tool turn has before and after its output (`TaskCodec.render_tool_output`), asked for once and
+    only when a response has a tool turn."""
+
+    def __init__(
+        self,
+        decode_ids: Callable[[list[int], bool], str],
+        end_ids: tuple[int, ...],
+        vocab_size: int,
+        tool_frame: Callable[[], tuple[str, str]],
+    ) -> None:
+        self.decode_ids, self.end_ids, self.vocab_size = decode_ids, end_ids, vocab_size
+        self._frame = tool_frame
+
+    @functools.cached_property
+    def tool_frame(self) -> tuple[str, str]:
+        return self._frame()
+
+    def decode(self, ids: list[int]) -> str:
+        """Text up to (not including) the first end token; special tokens dropped."""
+        ends = set(self.end_ids)
+        cut = next((i for i, t in enumerate(ids) if t in ends), len(ids))
+        n = self.vocab_size
+        kept = [i for i in ids[:cut] if 0 <= i < n]  # a random or larger model emits any id
+        return self.decode_ids(kept, True)
+
+    def response_text(self, ids: list[int], loss_mask: list[int]) -> str:
+        """A multi-turn response as a reward reads it, whatever the chat template: each of the model's turns as
+        `decode` gives it (up to its end token), each tool output in between as the plain form,
+        `\n<tool_output>\nTEXT\n</tool_output>\n`, with the template's scaffolding (end of turn, tool role, next
+        assistant prompt) taken off. `decode` alone would stop at the end token of the first turn."""
+        if not loss_mask:
+            return self.decode(ids)
+        parts: list[str] = []
+        start = 0
+        for i in range(1, len(ids) + 1):
+            if i == len(ids) or loss_mask[i] != loss_mask[start]:
+                span = ids[start:i]
+                parts.append(self.decode(span) if loss_mask[start] else self._tool_text(span))
+                start = i
+        return "".join(parts)
+
+    def _tool_text(self, ids: list[int]) -> str:
+        """The tool's output inside a rendered tool turn (`TaskCodec.render_tool_output`), in the plain form."""
+        kept = [i for i in ids if 0 <= i < self.vocab_size]  # a random or larger model emits any id
+        raw = self.decode_ids(kept, False)
+        head, tail = self.tool_frame
+        if (
+            (head or tail)
+            and raw.startswith(head)
+            and raw.endswith(tail)
+            and len(raw) >= len(head) + len(tail)
+        ):
+            text = raw[len(head) : len(raw) - len(tail)]
+        else:
+            text = self.decode_ids(kept, True)
+        return f"\n<tool_output>\n{text.strip()}\n</tool_output>\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainDecoder:
+    """What a `ResponseDecoder` needs from a fast tokenizer, made on the driver (`TaskCodec.plain_decoder`) and
+    built where responses are scored with the `tokenizers` library alone. `backend`: the tokenizer's decoding
+    state as JSON (`tokenizers.Tokenizer.to_str`, as loaded, with the specials transformers added)."""
+
+    backend: str
+    end_ids: tuple[int, ...]
+    vocab_size: int
+    tool_frame: tuple[str, str]
+
+    def build(self) -> ResponseDecoder:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(self.backend)
+        return ResponseDecoder(
+            lambda ids, skip: tok.decode(ids, skip_special_tokens=skip),
+            self.end_ids,
+            self.vocab_size,
+            lambda: self.tool_frame,
+        )
+
+
 class TaskCodec:
     """Encodes a row's prompt to ids and decodes a response to text, for one model's tokenizer.
 
@@ -126,6 +213,12 @@ class TaskCodec:
         self.system_prompt = system_prompt
         eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
         self.end_ids = tuple(dict.fromkeys([*eos, *end_ids]))
+        self.responses = ResponseDecoder(
+            lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip),
+            self.end_ids,
+            len(tokenizer),
+            self._tool_frame,
+        )
 
     @classmethod
     def from_dir(
@@ -229,38 +322,11 @@ class TaskCodec:
         return list(tok(f"\n<tool_output>\n{text}\n</tool_output>\n", add_special_tokens=False)["input_ids"])
 
     def response_text(self, ids: list[int], loss_mask: list[int]) -> str:
-        """A multi-turn response as a reward reads it, whatever the chat template: each of the model's turns as
-        `decode` gives it (up to its end token), each tool output in between as the plain form,
-        `\n<tool_output>\nTEXT\n</tool_output>\n`, with the template's scaffolding (end of turn, tool role, next
-        assistant prompt) taken off. `decode` alone would stop at the end token of the first turn."""
-        if not loss_mask:
-            return self.decode(ids)
-        parts: list[str] = []
-        start = 0
-        for i in range(1, len(ids) + 1):
-            if i == len(ids) or loss_mask[i] != loss_mask[start]:
-                span = ids[start:i]
-                parts.append(self.decode(span) if loss_mask[start] else self._tool_text(span))
-                start = i
-        return "".join(parts)
+        return self.responses.response_text(ids, loss_mask)
 
-    def _tool_text(self, ids: list[int]) -> str:
-        """The tool's output inside a rendered tool turn (`render_tool_output`), in the plain form."""
-        kept = [i for i in ids if 0 <= i < self.vocab_size]  # a random or larger model emits any id
-        raw = self.tokenizer.decode(kept, skip_special_tokens=False)
-        head, tail = self._tool_frame
-        if (
-            (head or tail)
-            and raw.startswith(head)
-            and raw.endswith(tail)
-            and len(raw) >= len(head) + len(tail)
-        ):
-            text = raw[len(head) : len(raw) - len(tail)]
-        else:
-            text = self.tokenizer.decode(kept, skip_special_tokens=True)
-        return f"\n<tool_output>\n{text.strip()}\n</tool_output>\n"
+    def decode(self, ids: list[int]) -> str:
+        return self.responses.decode(ids)
 
-    @functools.cached_property
     def _tool_frame(self) -> tuple[str, str]:
         """A rendered tool turn's text before and after the output (empty when a marker does not survive)."""
         marker = "TOOLTEXT"
@@ -269,13 +335,27 @@ class TaskCodec:
         ).partition(marker)
         return (head, tail) if sep else ("", "")
 
-    def decode(self, ids: list[int]) -> str:
-        """Text up to (not including) the first end token; special tokens dropped."""
-        ends = set(self.end_ids)
-        cut = next((i for i, t in enumerate(ids) if t in ends), len(ids))
-        n = self.vocab_size
-        kept = [i for i in ids[:cut] if 0 <= i < n]  # a random or larger model emits any id
-        return self.tokenizer.decode(kept, skip_special_tokens=True)
+    def plain_decoder(self) -> PlainDecoder | None:
+        """This codec's `decode` and `response_text` as a `PlainDecoder`, where they are exactly the fast
+        tokenizer's own decoding: its class decodes as transformers' `TokenizersBackend` does (no override) and
+        cleans up no spaces. Else None (the replica loads the tokenizer itself)."""
+        try:
+            from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+            from transformers.tokenization_utils_tokenizers import TokenizersBackend
+        except ImportError:  # another transformers layout: no claim about its decoding
+            return None
+        tok = self.tokenizer
+        kind = type(tok)
+        if (
+            not isinstance(tok, TokenizersBackend)
+            or kind._decode is not TokenizersBackend._decode
+            or kind.decode is not PreTrainedTokenizerBase.decode
+            or tok.clean_up_tokenization_spaces
+        ):
+            return None
+        return PlainDecoder(
+            tok.backend_tokenizer.to_str(), self.end_ids, self.vocab_size, self.responses.tool_frame
+        )
 
     # ---- the tokenizer's specials -------------------------------------------------------------------------
     @property

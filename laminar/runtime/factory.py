@@ -14,7 +14,7 @@ import hashlib
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -27,6 +27,9 @@ from laminar.relay.chain import relay_on_node
 from laminar.relay.relay import RelaySettings
 from laminar.rewards.stop import reward_path
 from laminar.runtime.actors import RankActor, ReplicaActor
+
+if TYPE_CHECKING:
+    from laminar.data.codec import PlainDecoder
 
 
 def use_cuda(cfg: Config) -> bool:
@@ -202,7 +205,9 @@ class GroupRecipe:
 
 
 class ScorerRecipe:
-    """The replica's scorer, for the reward the driver chose (`laminar.rewards.stop.choose_reward`)."""
+    """The replica's scorer, for the reward the driver chose (`laminar.rewards.stop.choose_reward`). It reads
+    responses through `decoder` (`TaskCodec.plain_decoder`, made on the driver) where the tokenizer has one,
+    without transformers in the replica; else through the tokenizer loaded from the model directory."""
 
     def __init__(
         self,
@@ -212,23 +217,28 @@ class ScorerRecipe:
         stop_token_ids: tuple[int, ...],
         processes: int,
         tokenizer_class: str,
+        decoder: PlainDecoder | None = None,
     ) -> None:
         self.model_path, self.reward, self.timeout_s = model_path, reward, timeout_s
         self.stop_token_ids, self.processes = stop_token_ids, processes
         self.tokenizer_class = tokenizer_class  # the driver's AutoTokenizer chose it (`TaskCodec.from_dir`)
+        self.decoder = decoder
 
     def __call__(self) -> Any:
         from laminar.data.codec import TaskCodec
         from laminar.rewards.loader import RewardScorer
 
-        codec = TaskCodec.from_dir(
-            self.model_path, stop_token_ids=self.stop_token_ids, tokenizer_class=self.tokenizer_class
-        )
+        if self.decoder is not None:
+            responses = self.decoder.build()
+        else:
+            responses = TaskCodec.from_dir(
+                self.model_path, stop_token_ids=self.stop_token_ids, tokenizer_class=self.tokenizer_class
+            ).responses
         return RewardScorer(
             self.reward,
-            codec.decode,
+            responses.decode,
             timeout_s=self.timeout_s,
-            decode_turns=codec.response_text,
+            decode_turns=responses.response_text,
             processes=self.processes,
         )
 
@@ -331,6 +341,7 @@ class Factory:
         version: int = 0,
         end_ids: tuple[int, ...] = (),
         tokenizer_class: str = "",
+        decoder: PlainDecoder | None = None,
     ) -> None:
         self.spec, self.model_path, self.relay_settings = spec, model_path, relay_settings
         self.namespace = namespace
@@ -342,6 +353,7 @@ class Factory:
         self.tokenizer_class = (
             tokenizer_class  # the class the driver's AutoTokenizer chose ("" = choose again)
         )
+        self.decoder = decoder  # the scorers' (`ScorerRecipe`)
 
     def for_manager(self, manager: Any) -> Factory:
         """This factory for the manager `manager`: its replicas talk to it, the partial pool and the buffer."""
@@ -405,6 +417,7 @@ class Factory:
                 spec.stop_token_ids,
                 spec.reward_processes,
                 self.tokenizer_class,
+                self.decoder,
             ),
             manager=self.manager,
             partial_pool=self.partial_pool,

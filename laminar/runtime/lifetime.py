@@ -109,6 +109,7 @@ class Lifetime:
             namespace=rt.namespace,
             end_ids=codec.end_ids,
             tokenizer_class=codec.tokenizer_class,
+            decoder=codec.plain_decoder(),
             # a resumed run's replicas start from the checkpoint's weights, at its version
             **(replica_weights(cfg.trainer.publishes_adapters, resume) if resume else {}),
         )

@@ -228,3 +228,49 @@ def test_a_tokenizer_class_that_is_not_transformers_own_is_found_again_by_autoto
         "RemoteTokenizer", (type(codec.tokenizer),), {"__module__": "remote_code"}
     )
     assert codec.tokenizer_class == ""
+
+
+@pytest.mark.parametrize("style", ["llama3", "chatml", "demo"])
+def test_a_replicas_scorer_reads_responses_without_transformers_exactly_as_the_tokenizer_does(
+    style, llama_dir, chatml_dir, tiny_model_dir
+):
+    """`TaskCodec.plain_decoder`, rebuilt from its pickle with the `tokenizers` library alone, decodes every
+    response as the codec does: random ids (specials, end tokens and ids past the vocabulary among them) and
+    tool-using turns."""
+    import pickle
+    import random
+
+    path = {"llama3": llama_dir, "chatml": chatml_dir, "demo": tiny_model_dir}[style]
+    codec = TaskCodec.from_dir(path, stop_token_ids=[7])
+    plain = pickle.loads(pickle.dumps(codec.plain_decoder())).build()
+    rng = random.Random(0)
+    specials = sorted(set(codec.tokenizer.all_special_ids) | set(codec.end_ids))
+    n = codec.vocab_size
+    for _ in range(300):
+        ids = [
+            rng.choice(specials) if rng.random() < 0.1 else rng.randrange(n + 5)
+            for _ in range(rng.randrange(40))
+        ]
+        assert plain.decode(ids) == codec.decode(ids)
+        mask = [rng.random() < 0.7 for _ in ids]
+        assert plain.response_text(ids, mask) == codec.response_text(ids, mask)
+    words = lambda text: codec.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    call, tool, answer = words('<tool_call>{"a": 1}</tool_call>'), codec.render_tool_output("42"), words("42")
+    end = codec.end_ids[0]
+    ids = call + [end] + tool + answer + [end]
+    mask = [1] * (len(call) + 1) + [0] * len(tool) + [1] * (len(answer) + 1)
+    assert plain.response_text(ids, mask) == codec.response_text(ids, mask)
+    if style != "demo":  # the demo's vocabulary has no digits
+        assert "\n<tool_output>\n42\n</tool_output>\n" in plain.response_text(ids, mask)
+
+
+def test_no_plain_decoder_where_the_tokenizer_decodes_otherwise(llama_dir):
+    """Cleaning up spaces, or a class of its own that decodes differently: the replica loads the tokenizer."""
+    codec = TaskCodec.from_dir(llama_dir)
+    assert codec.plain_decoder() is not None
+    codec.tokenizer.clean_up_tokenization_spaces = True
+    assert codec.plain_decoder() is None
+    codec = TaskCodec.from_dir(llama_dir)
+    kind = type(codec.tokenizer)
+    codec.tokenizer.__class__ = type("Own", (kind,), {"_decode": lambda self, *a, **k: "x"})
+    assert codec.plain_decoder() is None

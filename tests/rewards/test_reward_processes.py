@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +149,38 @@ def test_workers_start_at_the_first_call_and_end_with_the_pool():
     assert len(workers_alive()) == 2
     scoring.shutdown()
     assert not workers_alive()
+
+
+def test_a_ray_workers_reward_workers_do_not_run_rays_worker_script_again(tmp_path):
+    """A process whose main script is Ray's worker script (as a replica's is) spawns reward workers that leave
+    that script alone: multiprocessing would run it again in each of them (its imports cost Ray's start)."""
+    script = tmp_path / "ray" / "_private" / "workers" / "default_worker.py"
+    script.parent.mkdir(parents=True)
+    runs = tmp_path / "runs.txt"
+    script.write_text(
+        f"""
+import os
+with open({str(runs)!r}, "a") as f:
+    f.write(f"{{__name__}}\\n")
+if __name__ == "__main__":
+    from laminar.data.records import Trajectory
+    from laminar.rewards.loader import RewardScorer
+
+    scorer = RewardScorer("tests.rewards.reward_fns:one", lambda ids: "abc", processes=1)
+    print(scorer.score(Trajectory("0:0", 0, 0, [1], [1], [0.0], version=0), {{}}))
+    scorer.close()
+"""
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "1.0", out.stderr[-2000:]
+    assert runs.read_text().split() == [
+        "__main__"
+    ]  # once, as the parent's main: never as a child's __mp_main__

@@ -71,8 +71,11 @@ def laminar_run(ray_cluster, tiny_model_dir, tmp_path_factory):
         "task.reward_processes=1",  # the plots stay on: this run checks them
     )
     torch_in: dict[str, bool] = {}
+    transformers_in: dict[str, bool] = {}
 
-    def look(rt, m) -> None:  # which processes hold torch, midway through the run
+    def look(
+        rt, m
+    ) -> None:  # which processes hold torch (and replicas, transformers), midway through the run
         if m["version"] == 2:
             actors = {name: getattr(rt, name) for name in CONTROL} | {
                 f"relay {i}": r for i, r in enumerate(rt.relays)
@@ -80,10 +83,15 @@ def laminar_run(ray_cluster, tiny_model_dir, tmp_path_factory):
             # a lambda travels by value: a function of this module would import the module, and torch with it
             probe = [a.__ray_call__.remote(lambda _: "torch" in sys.modules) for a in actors.values()]
             torch_in.update(zip(actors, ray.get(probe, timeout=30)))
+            replicas = dict(rt.replicas)
+            probe = [
+                a.__ray_call__.remote(lambda _: "transformers" in sys.modules) for a in replicas.values()
+            ]
+            transformers_in.update(zip(replicas, ray.get(probe, timeout=30)))
 
     summary = train(cfg, out, hook=look)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return out, summary, records, torch_in
+    return out, summary, records, torch_in, transformers_in
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +106,13 @@ def test_the_control_actors_and_relays_never_load_torch(laminar_run):
         torch_in
     )  # the master relay and one on each machine with replicas
     assert not any(torch_in.values()), torch_in
+
+
+def test_the_replicas_score_without_transformers(laminar_run):
+    """A replica reads its responses through the tokenizer's own decoding state (`TaskCodec.plain_decoder`):
+    transformers (2.5 CPU-seconds of imports a replica) is for the driver and the trainer."""
+    transformers_in = laminar_run[4]
+    assert transformers_in and not any(transformers_in.values()), transformers_in
 
 
 def test_run_folder_has_everything(laminar_run):
