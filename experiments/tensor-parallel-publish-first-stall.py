@@ -55,7 +55,7 @@ def publishes(master, state, versions: int, prepare: bool, layout_bytes: int) ->
         if prepare:
             t0 = time.perf_counter()
             pub.prepare(layout_bytes)
-            pub._prepared()  # a trainer's start goes on meanwhile; here the wait is timed
+            pub.wait_prepared()  # a trainer's start goes on meanwhile; here the wait is timed
             prepare_s = time.perf_counter() - t0
         stalls = []
         for v in range(1, versions + 1):

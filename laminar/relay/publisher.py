@@ -186,7 +186,13 @@ class WeightPublisher:
                 buf.array[::4096] = 0  # a byte a page: the pages exist before the first copy in
         self.prepare_s = time.perf_counter() - t0
 
-    def _prepared(self) -> None:
+    @property
+    def slot_paths(self) -> list[str]:
+        """The shared-memory files of the publish slots, in order (none before the first `prepare` or publish)."""
+        return [buf.path for buf in self._slots]
+
+    def wait_prepared(self) -> None:
+        """Until `prepare`'s background work has ended (a publish waits for it by itself)."""
         if self._preparing is not None:
             self._preparing.join()
             self._preparing = None
@@ -199,7 +205,7 @@ class WeightPublisher:
 
     def _free_slot(self, nbytes: int) -> int:
         """A slot the master is not reading; waits (bounded) only if the master fell behind by num_slots."""
-        self._prepared()
+        self.wait_prepared()
         if not self._slots:
             self._make_slots(nbytes)
         self._collect()
@@ -245,7 +251,7 @@ class WeightPublisher:
         self._collect()
 
     def close(self) -> None:
-        self._prepared()
+        self.wait_prepared()
         for buf, registered in zip(self._slots, self._registered):
             if registered:
                 pinning.unregister(buf.array)

@@ -30,6 +30,10 @@ class Publishing:
                 self._names.remove("lm_head.weight")
         return list(self._names)
 
+    def _wire_dtype(self) -> torch.dtype | None:
+        """The dtype weights are published in (`publish_dtype`), or None: each tensor's own."""
+        return getattr(torch, self.publish_dtype) if self.publish_dtype else None
+
     def publish_specs(self) -> list[tuple[str, tuple[int, ...], torch.dtype]] | None:
         """(name, shape, dtype) of every tensor a publish writes, the whole tensor's shape on a sharded trainer,
         without copying any (a publisher makes its slots from them before the first publish); None where they
@@ -37,7 +41,7 @@ class Publishing:
         if self.lora:
             return None
         sd = self.model.state_dict()
-        dtype = getattr(torch, self.publish_dtype) if self.publish_dtype else None
+        dtype = self._wire_dtype()
         return [(k, tuple(sd[k].shape), dtype or sd[k].dtype) for k in self.publish_names()]
 
     def named_weights(self, check: bool = True) -> dict[str, torch.Tensor]:
@@ -52,7 +56,7 @@ class Publishing:
             raise RuntimeError("a sharded trainer publishes its shards (weight_shards), never whole weights")
         if check:
             self.check_finite()
-        dtype = getattr(torch, self.publish_dtype) if self.publish_dtype else None
+        dtype = self._wire_dtype()
         if self.cfg.publishes_adapters:  # the replicas add them to their base
             return lora.adapter_weights(self.model, self._merged, dtype)
         if self.lora:
@@ -75,7 +79,7 @@ class Publishing:
             self.check_finite()
         views = self._shards()
         self._cast = None
-        dtype = getattr(torch, self.publish_dtype) if self.publish_dtype else views[0].dtype
+        dtype = self._wire_dtype() or views[0].dtype
         if dtype == views[0].dtype:
             return list(views)  # published as they are
         if self._cast_rows is None or self._cast_rows[0].dtype != dtype:

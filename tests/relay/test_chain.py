@@ -184,7 +184,7 @@ def test_state_dict_publish_round_trips_through_unflatten(nodes):
 
     # the trainer's start: the slots made (and their pages touched) before the first publish, which uses them
     pub.prepare(WeightLayout.of(state).total_bytes)
-    prepared = [b.path for b in pub._slots]
+    prepared = pub.slot_paths
     assert len(prepared) == 3
     try:
         for version in (1, 2):
@@ -195,7 +195,7 @@ def test_state_dict_publish_round_trips_through_unflatten(nodes):
             assert got.keys() == state.keys()
             for k, v in state.items():
                 assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
-        assert pub.prepare_s is not None and [b.path for b in pub._slots] == prepared
+        assert pub.prepare_s is not None and pub.slot_paths == prepared
         with pytest.raises(KeyError, match="model.norm.weight"):
             pub.publish(3, {k: v for k, v in state.items() if k != "model.norm.weight"})
     finally:
