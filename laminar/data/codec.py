@@ -113,6 +113,7 @@ class ResponseDecoder:
         tool_frame: Callable[[], tuple[str, str]],
     ) -> None:
         self.decode_ids, self.end_ids, self.vocab_size = decode_ids, end_ids, vocab_size
+        self._ends = frozenset(end_ids)  # asked of every response a reward reads
         self._frame = tool_frame
 
     @functools.cached_property
@@ -121,8 +122,7 @@ class ResponseDecoder:
 
     def decode(self, ids: list[int]) -> str:
         """Text up to (not including) the first end token; special tokens dropped."""
-        ends = set(self.end_ids)
-        cut = next((i for i, t in enumerate(ids) if t in ends), len(ids))
+        cut = next((i for i, t in enumerate(ids) if t in self._ends), len(ids))
         n = self.vocab_size
         kept = [i for i in ids[:cut] if 0 <= i < n]  # a random or larger model emits any id
         return self.decode_ids(kept, True)
