@@ -22,6 +22,12 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 WORKER_NODE = {"num_cpus": 4, "object_store_memory": 96 << 20, "node_ip_address": "127.0.0.1"}
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Every test on the Ray cluster is marked `cluster`: `make test` runs the others first, two at a time."""
+    if "ray_cluster" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.cluster)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules with a test on the Ray cluster run last, in their order: the cluster (a dozen processes that
     take a few hundredths of a core while idle) starts with the first of them instead of the suite's first
