@@ -24,6 +24,11 @@ MIN_NGRAM, MAX_NGRAM = 2, 4  # the n-grams indexed: shorter matches draft noise,
 MAX_TEXTS = 16  # sibling texts a moved request carries (the latest): a group, bounded if it moves often
 MAX_MATCHES = 16  # places a draft follows (the latest): enough to vote, few enough to stay cheap
 ACCEPTANCE_WEIGHT = 0.1  # a group's running acceptance: each draft outcome moves it this far
+# The index holds no container per n-gram: a place (stream, position) is one integer, stream * PLACE + position,
+# kept in one flat list, and the n-gram's earlier places are a chain through a second one. A list of tuples per
+# n-gram (hundreds of thousands of them once tail requests bring their siblings' text) was walked by every full
+# garbage collection: 0.15 s each, inside the decode loop.
+PLACE = 1 << 32
 
 
 class GroupText:
@@ -37,7 +42,9 @@ class GroupText:
         self.indexed: list[int] = []  # positions of each stream already in the index
         self.slot: dict[str, int] = {}  # request id -> its stream
         self.live: set[int] = set()  # streams of requests still here: the only ones that grow
-        self.index: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        self.index: dict[tuple[int, ...], int] = {}  # n-gram -> the latest entry where it ends
+        self.places: list[int] = []  # entry -> its place (`PLACE`)
+        self.earlier: list[int] = []  # entry -> the entry where the same n-gram ended before it (-1: none)
         self.members = 0  # requests of the group in the engine; the group goes when none is left
         self.acceptance = 1.0  # running rate of accepted draft tokens: optimistic until drafts say otherwise
 
@@ -86,11 +93,15 @@ class GroupText:
     def _index(self, s: int) -> None:
         """The n-grams of stream `s` ending where a continuation is known (before its last token): every entry
         can be followed, and a request never matches its own end."""
-        tokens, index = self.streams[s], self.index
+        tokens, index, base = self.streams[s], self.index, s * PLACE
+        places, earlier = self.places, self.earlier
         end = len(tokens) - 1
         for p in range(self.indexed[s], end):
             for n in range(MIN_NGRAM, min(MAX_NGRAM, p + 1) + 1):
-                index.setdefault(tuple(tokens[p - n + 1 : p + 1]), []).append((s, p))
+                key = tuple(tokens[p - n + 1 : p + 1])
+                earlier.append(index.get(key, -1))
+                index[key] = len(places)
+                places.append(base + p)
         self.indexed[s] = max(self.indexed[s], end)
 
     def propose(self, stream: int, k: int) -> list[int]:
@@ -100,9 +111,11 @@ class GroupText:
         length = len(tokens)
         places: list[tuple[int, int]] = []  # (stream, position of the token it would propose next)
         for n in range(min(MAX_NGRAM, length), MIN_NGRAM - 1, -1):
-            hits = self.index.get(tuple(tokens[length - n :]))
-            if hits:
-                places = [(s, p + 1) for s, p in reversed(hits[-MAX_MATCHES:])]  # the latest first
+            entry = self.index.get(tuple(tokens[length - n :]), -1)
+            while entry >= 0 and len(places) < MAX_MATCHES:  # the latest first
+                places.append(divmod(self.places[entry] + 1, PLACE))
+                entry = self.earlier[entry]
+            if places:
                 break
         draft: list[int] = []
         while places and len(draft) < k:
