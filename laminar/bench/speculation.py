@@ -128,6 +128,52 @@ def sibling_outputs(
     return [[done[f"g{g}-{i}"] for i in range(group_size - 1)] for g in range(len(prompts))]
 
 
+def plot_speedups(panels: list[tuple[str, dict]], path: Path) -> bool:
+    """One panel a result (`run_speculation`'s, titled by the panel's name): each mode's tokens/s over the first
+    mode's against batch size, the median run as a line and every run as a dot, with the issue's targets (2x at
+    batch 1-4, 1.5x at 16, 1x past it) dotted; False where matplotlib is missing (a bare GPU image)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), sharey=True, squeeze=False)
+    for ax, (title, result) in zip(axes[0], panels):
+        modes = list(dict.fromkeys(r["mode"] for r in result["rows"]))
+        base = {r["batch"]: r["tokens_per_s"] for r in result["rows"] if r["mode"] == modes[0]}
+        batches = sorted(base)
+        for i, mode in enumerate(modes[1:], start=1):
+            rows = sorted((r for r in result["rows"] if r["mode"] == mode), key=lambda r: r["batch"])
+            x = [r["batch"] for r in rows]
+            ax.plot(x, [r["tokens_per_s"] / base[r["batch"]] for r in rows], "o-", color=f"C{i}", label=mode)
+            for r in rows:
+                runs = r.get("tokens_per_s_runs") or [r["tokens_per_s"]]
+                ax.plot(
+                    [r["batch"]] * len(runs),
+                    [t / base[r["batch"]] for t in runs],
+                    ".",
+                    color=f"C{i}",
+                    alpha=0.4,
+                )
+        targets = [2.0 if b <= 4 else 1.5 if b <= 16 else 1.0 for b in batches]
+        ax.plot(batches, targets, ":", color="gray", label="target")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.minorticks_off()
+        ax.set_xlabel("batch (requests at once)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel(f"tokens/s, x {modes[0]}")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def run_speculation(args: Any, device: str, dtype: torch.dtype, argv: list[str]) -> dict:
     modes = args.speculation.split(",")
     tail = args.workload == "tail"
@@ -227,5 +273,11 @@ def run_speculation(args: Any, device: str, dtype: torch.dtype, argv: list[str])
         if r["mode"] != modes[0]
     }
     write_json(path, result)
-    print(f"wrote {path}; tokens/s against {modes[0]}: {result['speedup']}")
+    png = path.with_suffix(".png")
+    drawn = len(modes) > 1 and plot_speedups([(f"{Path(model).name}, {args.workload} workload", result)], png)
+    print(
+        f"wrote {path}"
+        + (f" and {png}" if drawn else "")
+        + f"; tokens/s against {modes[0]}: {result['speedup']}"
+    )
     return result

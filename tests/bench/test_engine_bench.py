@@ -34,3 +34,4 @@ def test_bench_speculation_tail_workload(tmp_path, tiny_model_dir):
         assert row["same_tokens_as_first"] == "6/6" and len(row["tokens_per_s_runs"]) == 2
         assert row["tokens"] > 0
     assert rows["off"]["draft_tokens"] == 0 and rows["on"]["draft_tokens"] > 0
+    assert (tmp_path / "engine-speculation-tail-cpu.png").stat().st_size > 0  # on against off by batch
