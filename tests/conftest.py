@@ -23,7 +23,7 @@ WORKER_NODE = {"num_cpus": 4, "object_store_memory": 96 << 20, "node_ip_address"
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Every test on the Ray cluster is marked `cluster`: `make test` runs the others first, two at a time."""
+    """Every test on the Ray cluster is marked `cluster`: `pytest -m "not cluster"` runs the rest, a quick loop."""
     if "ray_cluster" in getattr(item, "fixturenames", ()):
         item.add_marker(pytest.mark.cluster)
 

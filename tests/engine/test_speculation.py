@@ -186,8 +186,8 @@ def test_group_text_outlives_its_requests():
 
 
 def test_the_index_gives_the_garbage_collector_nothing_to_walk_per_ngram():
-    """A group's index over 8 texts of 600 tokens (over 1,000 n-grams, 14,000 places) adds a handful of objects the garbage
-    collector tracks, not one per n-gram: a full collection over a replica's tail groups stays cheap."""
+    """A group's index over 8 texts of 600 tokens (over 1,000 n-grams, 14,000 places) adds a handful of objects
+    the garbage collector tracks, not one per n-gram: a full collection over a replica's tail groups stays cheap."""
     gc.collect()
     before = len(gc.get_objects())
     g = GroupText(100)
