@@ -20,7 +20,8 @@
 #       the Laminar schedule with rollout.speculation=off, then =auto (30 steps of the chain at level 3, the
 #       trainer and two replicas sharing the GPU, held-out accuracy every 5 steps), each within RUN_S seconds
 #       (default 240: a fresh machine's first run spends about 75 s starting); each mode's folder comes back as
-#       $OUT/{off,auto}/e2e-SEED.tgz. About 200 s for the warm start and 2 x 110-150 s a seed.
+#       $OUT/{off,auto}/e2e-SEED.tgz. About 200 s for the warm start and 2 x 110-150 s a seed. SCHEDULE=sync
+#       (or one_step) runs that schedule instead of laminar, STEPS=20 fewer steps.
 #   bash configs/gpu-chain-convergence.sh laminar,one_step,sync [OVERRIDES...]
 #       (CONV_OUT=runs/NAME: another folder; SEEDS=0,1; TARGETS=0.3,0.4; BUDGET_S: the wall clock, cut to keep
 #       the results; the run folders come back as a .tgz, re-reported with `laminar bench convergence --report`)
@@ -84,9 +85,10 @@ if [ "$what" = e2e ]; then
       mkdir -p "$out/$sp"
       timeout "${RUN_S:-240}" python3 -m laminar.cli bench convergence configs/smollm2-chain.yaml \
         model.path=$warm rollout.replicas=2 run.num_cpus=14 trainer.checkpoint_every=0 \
-        run.save_trajectories=false task.chain_levels=3 trainer.steps=30 eval.every=5 eval.num_prompts=256 \
-        trainer.num_gpus=0.5 rollout.num_gpus=0.25 rollout.speculation=$sp "$@" --schedules laminar \
-        --seeds "$seed" --targets "${TARGETS:-0.25,0.28,0.3}" --out runs/e2e-$sp-$seed \
+        run.save_trajectories=false task.chain_levels=3 trainer.steps=${STEPS:-30} eval.every=5 \
+        eval.num_prompts=256 trainer.num_gpus=0.5 rollout.num_gpus=0.25 rollout.speculation=$sp "$@" \
+        --schedules "${SCHEDULE:-laminar}" --seeds "$seed" --targets "${TARGETS:-0.25,0.28,0.3}" \
+        --out runs/e2e-$sp-$seed \
         > "$out/$sp/e2e-$seed.log" 2>&1 || rc=$?
       grep "trajectories\|wall" "$out/$sp/e2e-$seed.log" | tail -2
       tar czf "$out/$sp/e2e-$seed.tgz" --exclude='checkpoint*' --exclude='trajectories.jsonl' runs/e2e-$sp-$seed
