@@ -21,6 +21,20 @@ SPECULATION_COUNTERS = (
 )
 
 
+def speculation_rates(counters: dict[str, Any]) -> dict[str, Any] | None:
+    """Speculation counters with the share of draft tokens accepted, the tokens a verified request gained a
+    step and the share of decode steps that verified; None where nothing was drafted."""
+    if not counters["draft_tokens"]:
+        return None
+    return {
+        **counters,
+        "draft_s": round(counters["draft_s"], 4),
+        "acceptance": round(counters["accepted_tokens"] / counters["draft_tokens"], 4),
+        "tokens_per_verify": round(counters["verify_tokens"] / max(counters["draft_rows"], 1), 4),
+        "verify_share": round(counters["verify_steps"] / max(counters["decode_steps"], 1), 4),
+    }
+
+
 def gate_summary(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
     """`rollout.speculation=auto`'s gate over the replicas' last snapshots: decode steps by its decision,
     summed, and its measured ms an emitted token of each path by batch range, averaged over the replicas that
@@ -173,16 +187,15 @@ def summarize(
             "queued_ahead_share": round(queued / max(decode, 1), 4),
             "dropped_rows": sum(r.get("dropped_rows", 0) for r in last.values()),
         }
-    spec = {k: sum(r.get(k, 0) for r in last.values()) for k in SPECULATION_COUNTERS}
-    # speculation: the share of draft tokens accepted, and the tokens a verified request gained a step
-    if spec["draft_tokens"]:
+    spec = speculation_rates({k: sum(r.get(k, 0) for r in last.values()) for k in SPECULATION_COUNTERS})
+    if spec is not None:  # the replicas' counters summed, then each replica's own (by its id)
+        by_replica = {
+            str(i): speculation_rates({k: r.get(k, 0) for k in SPECULATION_COUNTERS}) for i, r in last.items()
+        }
         summary["speculation"] = {
             **spec,
-            "draft_s": round(spec["draft_s"], 4),
-            "acceptance": round(spec["accepted_tokens"] / spec["draft_tokens"], 4),
-            "tokens_per_verify": round(spec["verify_tokens"] / max(spec["draft_rows"], 1), 4),
-            "verify_share": round(spec["verify_steps"] / max(spec["decode_steps"], 1), 4),
             **gate_summary(list(last.values())),
+            "by_replica": {i: rates for i, rates in sorted(by_replica.items()) if rates is not None},
         }
     summary.update(extra or {})
     return summary

@@ -46,6 +46,10 @@ def test_speculation_counters_reach_the_summary():
     assert spec["draft_tokens"] == 40 and spec["accepted_tokens"] == 20 and spec["acceptance"] == 0.5
     assert spec["tokens_per_verify"] == 2.8 and spec["verify_share"] == 0.5 and spec["draft_s"] == 0.75
     assert "gate_steps" not in spec  # no replica had a gate
+    mine = spec["by_replica"]  # each replica's own, from its last snapshot
+    assert mine["0"]["draft_tokens"] == 20 and mine["0"]["acceptance"] == 0.6 and mine["0"]["draft_s"] == 0.25
+    assert mine["1"]["acceptance"] == 0.4 and mine["1"]["tokens_per_verify"] == 2.4
+    assert mine["1"]["verify_share"] == 0.6
     gated = [
         replica(
             r,
