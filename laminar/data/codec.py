@@ -4,7 +4,8 @@ Every model directory, the demo's included, takes one path: `transformers.AutoTo
 replicas load the class it chose directly (`tokenizer_class`), which is what AutoTokenizer ends in, without its
 model registry (about a CPU-second of imports a replica), or, where a reward only reads responses, not even
 that: a `ResponseDecoder` over the tokenizer's own decoding state (`TaskCodec.plain_decoder`), without
-transformers at all (its import is most of a replica's start). A prompt is a string or
+transformers at all (its import is most of a replica's start); the prompt pool likewise encodes raw-text prompts
+through the tokenizer's encoding state (`TaskCodec.plain_prompt_encoder`). A prompt is a string or
 a list of `{role, content}` messages; messages go through the tokenizer's chat template with the generation
 prompt, and so do strings when the model has a template (`data.chat_template`: auto | always | never). A model
 declares its end tokens in several places (config.json, generation_config.json, the tokenizer's EOS); generation
@@ -183,6 +184,39 @@ class PlainDecoder:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class PlainPromptEncoder:
+    """`TaskCodec.encode_prompt` for a tokenizer without a chat template, with the `tokenizers` library alone:
+    made on the driver (`TaskCodec.plain_prompt_encoder`) for the prompt pool, which then never imports
+    transformers (about a CPU-second each time the pool starts). `backend`: the tokenizer's encoding state as
+    JSON (`tokenizers.Tokenizer.to_str`); `split_special_tokens`: transformers' setting of the same name."""
+
+    backend: str
+    split_special_tokens: bool
+    source: str
+
+    @functools.cached_property
+    def _tokenizer(self) -> Any:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(self.backend)
+        tok.no_truncation()  # what a plain `tokenizer(text)` sets before it encodes
+        tok.no_padding()
+        tok.encode_special_tokens = self.split_special_tokens
+        return tok
+
+    def __getstate__(self) -> dict[str, Any]:  # the fields travel, the tokenizer built from them does not
+        return {k: v for k, v in self.__dict__.items() if k != "_tokenizer"}
+
+    def __call__(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        if not isinstance(prompt, str):
+            raise ValueError(
+                f"the prompt is a list of chat messages but {self.source} has no chat template; give "
+                "plain-string prompts or a model whose tokenizer has a chat template"
+            )
+        return list(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
+
+
 class TaskCodec:
     """Encodes a row's prompt to ids and decodes a response to text, for one model's tokenizer.
 
@@ -296,6 +330,37 @@ class TaskCodec:
         text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         # the template wrote BOS (if the model has one) itself: adding specials again would double it
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def plain_prompt_encoder(
+        self, prompts: Iterable[str | list[dict[str, str]]] = ()
+    ) -> PlainPromptEncoder | None:
+        """This codec's `encode_prompt` without transformers, where the tokenizer has no chat template (every
+        prompt is raw text) and its class encodes as transformers' `TokenizersBackend` does; checked to give the
+        same ids as `encode_prompt` on `prompts` (a run's first rows). Else None: the codec itself encodes."""
+        try:
+            from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+            from transformers.tokenization_utils_tokenizers import TokenizersBackend
+        except ImportError:  # another transformers layout: no claim about its encoding
+            return None
+        tok, kind = self.tokenizer, type(self.tokenizer)
+        if (
+            self.template_strings
+            or self.has_template
+            or not isinstance(tok, TokenizersBackend)
+            or kind._encode_plus is not TokenizersBackend._encode_plus
+            or kind.__call__ is not PreTrainedTokenizerBase.__call__
+        ):
+            return None
+        plain = PlainPromptEncoder(
+            tok.backend_tokenizer.to_str(), bool(tok.split_special_tokens), self.source
+        )
+        for prompt in prompts:
+            try:
+                if isinstance(prompt, str) and plain(prompt) != self.encode_prompt(prompt):
+                    return None
+            except Exception:  # noqa: BLE001 - a row the codec cannot encode: the pool names it, as ever
+                return None
+        return plain
 
     def encode_answer(self, answer: str) -> list[int]:
         """A supervised target: the answer's tokens and EOS (the demo's warm-up)."""

@@ -86,14 +86,12 @@ class Lifetime:
         journal = recorder.out_dir / JOURNAL
         shutil.rmtree(journal, ignore_errors=True)  # a segment's journals start with it
         # The pool reads the rows itself, as does its restarted self (`MadeHere`): a dataset passed whole would
-        # live in the object store for the run. The encoder travels made (loading a tokenizer loads torch).
+        # live in the object store for the run. The encoder travels made (loading a tokenizer loads torch), and
+        # without transformers where the tokenizer has no chat template (checked on the first rows).
+        rows = train_rows(cfg)
+        encode = codec.plain_prompt_encoder(row["prompt"] for row in rows[:32]) or codec.encode_prompt
         rt.prompt_pool = PromptPoolActor.options(**here).remote(
-            MadeHere(train_rows, (cfg,)),
-            codec.encode_prompt,
-            t.group_size,
-            cfg.run.seed,
-            str(journal),
-            rows_digest(train_rows(cfg)),
+            MadeHere(train_rows, (cfg,)), encode, t.group_size, cfg.run.seed, str(journal), rows_digest(rows)
         )
         rt.partial_pool = PartialPoolActor.options(**here).remote(str(journal))
         # One secret per run, handed to every relay through Ray: only this run's relays may feed the tier.

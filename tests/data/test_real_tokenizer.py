@@ -274,3 +274,54 @@ def test_no_plain_decoder_where_the_tokenizer_decodes_otherwise(llama_dir):
     kind = type(codec.tokenizer)
     codec.tokenizer.__class__ = type("Own", (kind,), {"_decode": lambda self, *a, **k: "x"})
     assert codec.plain_decoder() is None
+
+
+@pytest.mark.parametrize("style", ["llama3", "chatml", "demo"])
+def test_the_prompt_pool_encodes_without_transformers_exactly_as_the_codec_does(
+    style, llama_dir, chatml_dir, tiny_model_dir
+):
+    """`TaskCodec.plain_prompt_encoder`, pickled as it travels to the prompt pool and rebuilt there with the
+    `tokenizers` library alone, gives raw-text prompts the codec's ids: real byte-level BPE tokenizers (their chat
+    templates taken away: with one, transformers renders it) and the demo's."""
+    import pickle
+    import random
+
+    path = {"llama3": llama_dir, "chatml": chatml_dir, "demo": tiny_model_dir}[style]
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.chat_template = None
+    codec = TaskCodec(tok, source=f"the model directory {path}")
+    rng = random.Random(0)
+    if style == "demo":  # its vocabulary: digits, spaces and '='
+        prompts = [
+            " ".join(rng.choice("0123456789") for _ in range(rng.randrange(1, 9))) + " =" for _ in range(50)
+        ]
+    else:
+        specials = sorted(tok.all_special_tokens)
+        pieces = ["What is 12 + 30?", "  two leading spaces", "tab\tand\nnewline", "ünïcödé ✓ 你好", "", " "]
+        prompts = pieces + [
+            " ".join(rng.choice([*pieces, *specials, "x", "12345"]) for _ in range(rng.randrange(1, 6)))
+            for _ in range(50)
+        ]
+    plain = codec.plain_prompt_encoder(prompts[:8])
+    assert plain is not None
+    plain("warm")  # its tokenizer is built where it is first used, and does not travel
+    again = pickle.loads(pickle.dumps(plain))
+    assert "_tokenizer" not in again.__dict__
+    for prompt in prompts:
+        assert again(prompt) == codec.encode_prompt(prompt), prompt
+    with pytest.raises(ValueError, match="is a list of chat messages but the model directory .* has no chat"):
+        again(CHAT)
+
+
+def test_no_plain_prompt_encoder_where_a_template_applies_or_the_ids_would_differ(llama_dir):
+    """With a chat template, a class of its own that encodes differently, or any of the run's first prompts
+    encoded otherwise than the codec does: the prompt pool encodes with the codec itself."""
+    assert TaskCodec.from_dir(llama_dir).plain_prompt_encoder() is None
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    tok.chat_template = None
+    assert TaskCodec(tok).plain_prompt_encoder(["What is 12 + 30?"]) is not None
+    differs = TaskCodec(tok)
+    differs.encode_prompt = lambda prompt: [0]
+    assert differs.plain_prompt_encoder(["What is 12 + 30?"]) is None
+    tok.__class__ = type("Own", (type(tok),), {"_encode_plus": lambda self, *a, **k: {"input_ids": [0]}})
+    assert TaskCodec(tok).plain_prompt_encoder() is None

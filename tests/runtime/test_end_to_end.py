@@ -83,11 +83,9 @@ def laminar_run(ray_cluster, tiny_model_dir, tmp_path_factory):
             # a lambda travels by value: a function of this module would import the module, and torch with it
             probe = [a.__ray_call__.remote(lambda _: "torch" in sys.modules) for a in actors.values()]
             torch_in.update(zip(actors, ray.get(probe, timeout=30)))
-            replicas = dict(rt.replicas)
-            probe = [
-                a.__ray_call__.remote(lambda _: "transformers" in sys.modules) for a in replicas.values()
-            ]
-            transformers_in.update(zip(replicas, ray.get(probe, timeout=30)))
+            without = {name: getattr(rt, name) for name in CONTROL} | dict(rt.replicas)
+            probe = [a.__ray_call__.remote(lambda _: "transformers" in sys.modules) for a in without.values()]
+            transformers_in.update(zip(without, ray.get(probe, timeout=30)))
 
     summary = train(cfg, out, hook=look)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -108,11 +106,12 @@ def test_the_control_actors_and_relays_never_load_torch(laminar_run):
     assert not any(torch_in.values()), torch_in
 
 
-def test_the_replicas_score_without_transformers(laminar_run):
-    """A replica reads its responses through the tokenizer's own decoding state (`TaskCodec.plain_decoder`):
-    transformers (2.5 CPU-seconds of imports a replica) is for the driver and the trainer."""
+def test_the_replicas_and_control_actors_run_without_transformers(laminar_run):
+    """A replica reads its responses through the tokenizer's own decoding state (`TaskCodec.plain_decoder`), the
+    prompt pool encodes prompts through its encoding state (`TaskCodec.plain_prompt_encoder`): transformers (a
+    CPU-second or more of imports a process) is for the driver and the trainer."""
     transformers_in = laminar_run[4]
-    assert transformers_in and not any(transformers_in.values()), transformers_in
+    assert set(CONTROL) < set(transformers_in) and not any(transformers_in.values()), transformers_in
 
 
 def test_run_folder_has_everything(laminar_run):
