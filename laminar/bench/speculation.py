@@ -130,7 +130,7 @@ def sibling_outputs(
 
 def plot_speedups(panels: list[tuple[str, dict]], path: Path) -> bool:
     """One panel a result (`run_speculation`'s, titled by the panel's name): each mode's tokens/s over the first
-    mode's against batch size, the median run as a line and every run as a dot, with the issue's targets (2x at
+    mode's against batch size, the median run as a line and every run as a dot, with the targets (2x at
     batch 1-4, 1.5x at 16, 1x past it) dotted; False where matplotlib is missing (a bare GPU image)."""
     try:
         import matplotlib

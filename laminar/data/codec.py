@@ -161,6 +161,30 @@ class ResponseDecoder:
         return f"\n<tool_output>\n{text.strip()}\n</tool_output>\n"
 
 
+def no_template_for_messages(source: str) -> str:
+    return (
+        f"the prompt is a list of chat messages but {source} has no chat template; give plain-string prompts or "
+        "a model whose tokenizer has a chat template"
+    )
+
+
+def fast_as_transformers(tok: Any, backend: str, base: str) -> bool:
+    """Whether `tok` is a transformers fast tokenizer whose class leaves `backend` as `TokenizersBackend` has it
+    and `base` as `PreTrainedTokenizerBase` has it (the call that leads to it): then that encoding or decoding is
+    the `tokenizers` backend's, which a process can use without transformers. False on another layout."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers layout: no claim about it
+        return False
+    kind = type(tok)
+    return (
+        isinstance(tok, TokenizersBackend)
+        and getattr(kind, backend) is getattr(TokenizersBackend, backend)
+        and getattr(kind, base) is getattr(PreTrainedTokenizerBase, base)
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class PlainDecoder:
     """What a `ResponseDecoder` needs from a fast tokenizer, made on the driver (`TaskCodec.plain_decoder`) and
@@ -210,10 +234,7 @@ class PlainPromptEncoder:
 
     def __call__(self, prompt: str | list[dict[str, str]]) -> list[int]:
         if not isinstance(prompt, str):
-            raise ValueError(
-                f"the prompt is a list of chat messages but {self.source} has no chat template; give "
-                "plain-string prompts or a model whose tokenizer has a chat template"
-            )
+            raise ValueError(no_template_for_messages(self.source))
         return list(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
 
 
@@ -307,10 +328,7 @@ class TaskCodec:
             chat = [{"role": "user", "content": prompt}]
         else:
             if not self.has_template:
-                raise ValueError(
-                    f"the prompt is a list of chat messages but {self.source} has no chat template; give "
-                    "plain-string prompts or a model whose tokenizer has a chat template"
-                )
+                raise ValueError(no_template_for_messages(self.source))
             chat = [{"role": m["role"], "content": m["content"]} for m in prompt]
         if self.system_prompt and chat[0]["role"] != "system":
             chat.insert(0, {"role": "system", "content": self.system_prompt})
@@ -337,19 +355,8 @@ class TaskCodec:
         """This codec's `encode_prompt` without transformers, where the tokenizer has no chat template (every
         prompt is raw text) and its class encodes as transformers' `TokenizersBackend` does; checked to give the
         same ids as `encode_prompt` on `prompts` (a run's first rows). Else None: the codec itself encodes."""
-        try:
-            from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-            from transformers.tokenization_utils_tokenizers import TokenizersBackend
-        except ImportError:  # another transformers layout: no claim about its encoding
-            return None
-        tok, kind = self.tokenizer, type(self.tokenizer)
-        if (
-            self.template_strings
-            or self.has_template
-            or not isinstance(tok, TokenizersBackend)
-            or kind._encode_plus is not TokenizersBackend._encode_plus
-            or kind.__call__ is not PreTrainedTokenizerBase.__call__
-        ):
+        tok = self.tokenizer
+        if self.has_template or not fast_as_transformers(tok, backend="_encode_plus", base="__call__"):
             return None
         plain = PlainPromptEncoder(
             tok.backend_tokenizer.to_str(), bool(tok.split_special_tokens), self.source
@@ -404,17 +411,9 @@ class TaskCodec:
         """This codec's `decode` and `response_text` as a `PlainDecoder`, where they are exactly the fast
         tokenizer's own decoding: its class decodes as transformers' `TokenizersBackend` does (no override) and
         cleans up no spaces. Else None (the replica loads the tokenizer itself)."""
-        try:
-            from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-            from transformers.tokenization_utils_tokenizers import TokenizersBackend
-        except ImportError:  # another transformers layout: no claim about its decoding
-            return None
         tok = self.tokenizer
-        kind = type(tok)
         if (
-            not isinstance(tok, TokenizersBackend)
-            or kind._decode is not TokenizersBackend._decode
-            or kind.decode is not PreTrainedTokenizerBase.decode
+            not fast_as_transformers(tok, backend="_decode", base="decode")
             or tok.clean_up_tokenization_spaces
         ):
             return None
