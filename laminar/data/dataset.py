@@ -208,11 +208,6 @@ def load_file(path: str | Path, prompt_key: str = "prompt", split: str = "train"
     return [row for _, row in _load_numbered(path, prompt_key, split)]
 
 
-def load_jsonl(path: str | Path, prompt_key: str = "prompt") -> list[dict[str, Any]]:
-    """A JSONL file's rows (`task.name=FILE.jsonl`); the same loader as any data file."""
-    return load_file(path, prompt_key)
-
-
 def load_rows(
     paths: list[str] | str, prompt_key: str = "prompt", split: str = "train"
 ) -> list[dict[str, Any]]:

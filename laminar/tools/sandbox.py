@@ -178,12 +178,6 @@ class SandboxPool:
     def submit(self, code: str) -> cf.Future[ToolResult]:
         return self._pool.submit(run_code, code, self.limits)
 
-    def submit_tool(
-        self, tool: Callable[[str, SandboxLimits], ToolResult], arguments: str
-    ) -> cf.Future[ToolResult]:
-        """Any tool with the built-in signature `(arguments, limits) -> ToolResult`."""
-        return self._pool.submit(tool, arguments, self.limits)
-
     def shutdown(self, wait: bool = True) -> None:
         self._pool.shutdown(wait=wait)
 

@@ -222,12 +222,6 @@ def informative(rewards: list[float]) -> bool:
     return len(set(rewards)) > 1
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Log-prob of each target under softmax(logits / T), the same quantity the engine records."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
 def importance_weights(
     proximal: torch.Tensor, behaviour: torch.Tensor, mode: str, cap: float
 ) -> torch.Tensor:

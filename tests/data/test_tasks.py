@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from laminar.data.codec import TaskCodec, save_tokenizer
-from laminar.data.dataset import DatasetError, load_jsonl
+from laminar.data.dataset import DatasetError, load_file
 from laminar.rewards.reverse import reverse_reward
 from laminar.tasks.reverse import ReverseTask, demo_codec, demo_tokenizer
 
@@ -34,14 +34,14 @@ def test_jsonl_rows_are_checked_by_row_and_field(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_text(json.dumps({"prompt": "1 2 ="}) + "\n\n" + json.dumps({"prompt": ""}) + "\n")
     with pytest.raises(DatasetError, match="row 2: field 'prompt' is empty"):
-        load_jsonl(p)
+        load_file(p)
     p.write_text('{"prompt": "1 ="}\n{"prompt": \n')
     with pytest.raises(DatasetError, match="row 1: not valid JSON"):
-        load_jsonl(p)
+        load_file(p)
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_jsonl(tmp_path / "missing.jsonl")
+        load_file(tmp_path / "missing.jsonl")
     p.write_text('{"prompt": "1 ="}\n')
-    assert load_jsonl(p) == [{"prompt": "1 =", "data_source": "", "ground_truth": None, "extra_info": {}}]
+    assert load_file(p) == [{"prompt": "1 =", "data_source": "", "ground_truth": None, "extra_info": {}}]
 
 
 def test_the_tool_workload_scripts_long_tailed_calls_within_each_response():

@@ -1,5 +1,5 @@
-"""Rollouts with Hugging Face `generate`: a slow reference used by the warm-up and the learning check, so
-the trainer can be tested without the rollout engine."""
+"""Rollouts with Hugging Face `generate` for the learning check (`test_learning`): the trainer tested without the
+rollout engine. Test code, so it lives with the tests."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import torch
 from transformers import PreTrainedModel
 
 from laminar.data.records import PromptGroup, Trajectory
-from laminar.trainer.grpo import token_logprobs
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Log-prob of each target under softmax(logits / T), the same quantity the engine records."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 @torch.no_grad()

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from laminar.trainer.grpo import GRPOConfig, group_advantages, grpo_loss, importance_weights, token_logprobs
+from laminar.trainer.grpo import GRPOConfig, group_advantages, grpo_loss, importance_weights
+from tests.trainer.hf_rollout import token_logprobs
 
 
 def test_advantages_are_normalised_within_each_group():

@@ -16,8 +16,8 @@ from laminar.data.prompt_pool import PromptPool
 from laminar.rewards.loader import DEFAULT_REWARD, check_reward, load_reward
 from laminar.tasks.reverse import ReverseTask
 from laminar.tasks.warmup import WarmupConfig, warmup
-from laminar.trainer.hf_rollout import generate_groups
 from laminar.trainer.trainer import Trainer
+from tests.trainer.hf_rollout import generate_groups
 
 # The demo defaults (reported to the runtime): lr, group size, groups per step, temperature, max new tokens.
 LR, N, GROUPS, TEMPERATURE, STEPS = 3e-4, 8, 16, 1.0, 40
