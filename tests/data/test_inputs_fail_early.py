@@ -5,7 +5,7 @@ import os
 import pytest
 
 from laminar.cli import main
-from laminar.data.dataset import DatasetError, load_jsonl
+from laminar.data.dataset import DatasetError, load_file
 from laminar.tasks.warmup import default_warmup_dir
 
 
@@ -13,7 +13,7 @@ def test_an_empty_dataset_is_an_error_naming_the_file(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n  \n")
     with pytest.raises(DatasetError, match=r"empty.jsonl has no rows .*'prompt'"):
-        load_jsonl(empty)
+        load_file(empty)
 
 
 @pytest.mark.parametrize(
