@@ -158,7 +158,7 @@ class ResponseDecoder:
             text = raw[len(head) : len(raw) - len(tail)]
         else:
             text = self.decode_ids(kept, True)
-        return f"\n<tool_output>\n{text.strip()}\n</tool_output>\n"
+        return plain_tool_output(text.strip())
 
 
 def no_template_for_messages(source: str) -> str:
@@ -221,13 +221,7 @@ class PlainPromptEncoder:
 
     @functools.cached_property
     def _tokenizer(self) -> Any:
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_str(self.backend)
-        tok.no_truncation()  # what a plain `tokenizer(text)` sets before it encodes
-        tok.no_padding()
-        tok.encode_special_tokens = self.split_special_tokens
-        return tok
+        return plain_tokenizer(self.backend, self.split_special_tokens)
 
     def __getstate__(self) -> dict[str, Any]:  # the fields travel, the tokenizer built from them does not
         return {k: v for k, v in self.__dict__.items() if k != "_tokenizer"}
@@ -236,6 +230,56 @@ class PlainPromptEncoder:
         if not isinstance(prompt, str):
             raise ValueError(no_template_for_messages(self.source))
         return list(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainToolRenderer:
+    """`TaskCodec.render_tool_output` for a tokenizer without a chat template (`plain_tool_output`'s text, encoded
+    without specials), with the `tokenizers` library alone: made on the driver (`TaskCodec.plain_tool_renderer`)
+    for the replicas' tool drivers, which then never import transformers."""
+
+    backend: str
+    split_special_tokens: bool
+
+    @functools.cached_property
+    def _tokenizer(self) -> Any:
+        return plain_tokenizer(self.backend, self.split_special_tokens)
+
+    def __getstate__(self) -> dict[str, Any]:  # the fields travel, the tokenizer built from them does not
+        return {k: v for k, v in self.__dict__.items() if k != "_tokenizer"}
+
+    def __call__(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(plain_tool_output(text), add_special_tokens=False).ids)
+
+
+def plain_tokenizer(backend: str, split_special_tokens: bool) -> Any:
+    """A `tokenizers.Tokenizer` from a fast tokenizer's state (`Tokenizer.to_str`), set as transformers sets it
+    before a plain `tokenizer(text)` call."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(backend)
+    tok.no_truncation()
+    tok.no_padding()
+    tok.encode_special_tokens = split_special_tokens
+    return tok
+
+
+def plain_tool_output(text: str) -> str:
+    """A tool's output in the plain form (no chat template): between <tool_output> tags on lines of their own."""
+    return f"\n<tool_output>\n{text}\n</tool_output>\n"
+
+
+# What the plain renderer is checked on before a run uses it: numbers, errors, lines, spaces, non-ASCII, the tags.
+TOOL_OUTPUT_SAMPLES = (
+    "4517277",
+    "-3.25",
+    "",
+    "error: ZeroDivisionError: division by zero",
+    'Traceback (most recent call last):\n  File "<tool>", line 1\n    x = (\n        ^',
+    "  two leading spaces and a trailing one ",
+    "naïve café → ∑ 東京 🙂",
+    "</tool_output> <tool_output>",
+)
 
 
 class TaskCodec:
@@ -391,7 +435,21 @@ class TaskCodec:
             cut = before.rfind("CALL") + len("CALL")
             if cut >= len("CALL") and after.startswith(before[:cut]):
                 return list(tok(after[cut:], add_special_tokens=False)["input_ids"])
-        return list(tok(f"\n<tool_output>\n{text}\n</tool_output>\n", add_special_tokens=False)["input_ids"])
+        return list(tok(plain_tool_output(text), add_special_tokens=False)["input_ids"])
+
+    def plain_tool_renderer(self) -> PlainToolRenderer | None:
+        """This codec's `render_tool_output` without transformers, where the tokenizer has no chat template and
+        its class encodes as transformers' `TokenizersBackend` does; checked to give the same ids on
+        `TOOL_OUTPUT_SAMPLES`. Else None: a replica's tool driver loads the tokenizer."""
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None) or not fast_as_transformers(
+            tok, backend="_encode_plus", base="__call__"
+        ):
+            return None
+        plain = PlainToolRenderer(tok.backend_tokenizer.to_str(), bool(tok.split_special_tokens))
+        if any(plain(text) != self.render_tool_output(text) for text in TOOL_OUTPUT_SAMPLES):
+            return None
+        return plain
 
     def response_text(self, ids: list[int], loss_mask: list[int]) -> str:
         return self.responses.response_text(ids, loss_mask)

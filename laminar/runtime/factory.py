@@ -29,7 +29,7 @@ from laminar.rewards.stop import reward_path
 from laminar.runtime.actors import RankActor, ReplicaActor
 
 if TYPE_CHECKING:
-    from laminar.data.codec import PlainDecoder
+    from laminar.data.codec import PlainDecoder, PlainToolRenderer
 
 
 def use_cuda(cfg: Config) -> bool:
@@ -245,13 +245,22 @@ class ScorerRecipe:
 
 class ToolRecipe:
     """Builds a replica's tool-turn driver in its own process (it holds threads): the run's tools, and the model's
-    tokenizer to read calls and render the tools' output."""
+    tokenizer to read calls and render the tools' output: `decoder` and `renderer` (`TaskCodec.plain_decoder`,
+    `TaskCodec.plain_tool_renderer`, made on the driver) where the tokenizer has both, without transformers in the
+    replica; else the tokenizer loaded from the model directory."""
 
     def __init__(
-        self, model_path: str, task: TaskConfig, stop_token_ids: tuple[int, ...], tokenizer_class: str
+        self,
+        model_path: str,
+        task: TaskConfig,
+        stop_token_ids: tuple[int, ...],
+        tokenizer_class: str,
+        decoder: PlainDecoder | None = None,
+        renderer: PlainToolRenderer | None = None,
     ) -> None:
         self.model_path, self.task, self.tokenizer_class = model_path, task, tokenizer_class
         self.stop_token_ids = stop_token_ids
+        self.decoder, self.renderer = decoder, renderer
 
     def __call__(self) -> Any:
         from laminar.data.codec import TaskCodec
@@ -260,13 +269,17 @@ class ToolRecipe:
         from laminar.tools.turns import ToolTurns
 
         t = self.task
-        codec = TaskCodec.from_dir(
-            self.model_path, stop_token_ids=self.stop_token_ids, tokenizer_class=self.tokenizer_class
-        )
+        if self.decoder is not None and self.renderer is not None:
+            decode, render = self.decoder.build().decode, self.renderer
+        else:
+            codec = TaskCodec.from_dir(
+                self.model_path, stop_token_ids=self.stop_token_ids, tokenizer_class=self.tokenizer_class
+            )
+            decode, render = codec.decode, codec.render_tool_output
         return ToolTurns(
             tools=load_tools(t.tools),
-            decode=codec.decode,
-            render=codec.render_tool_output,
+            decode=decode,
+            render=render,
             limits=SandboxLimits(wall_s=t.tool_timeout_s, cpu_s=t.tool_timeout_s),
             max_turns=t.max_turns,
             max_output_tokens=t.max_tool_output_tokens,
@@ -342,6 +355,7 @@ class Factory:
         end_ids: tuple[int, ...] = (),
         tokenizer_class: str = "",
         decoder: PlainDecoder | None = None,
+        tool_renderer: PlainToolRenderer | None = None,
     ) -> None:
         self.spec, self.model_path, self.relay_settings = spec, model_path, relay_settings
         self.namespace = namespace
@@ -353,7 +367,8 @@ class Factory:
         self.tokenizer_class = (
             tokenizer_class  # the class the driver's AutoTokenizer chose ("" = choose again)
         )
-        self.decoder = decoder  # the scorers' (`ScorerRecipe`)
+        self.decoder = decoder  # the scorers' and the tool drivers' (`ScorerRecipe`, `ToolRecipe`)
+        self.tool_renderer = tool_renderer  # the tool drivers'
 
     def for_manager(self, manager: Any) -> Factory:
         """This factory for the manager `manager`: its replicas talk to it, the partial pool and the buffer."""
@@ -428,7 +443,14 @@ class Factory:
             heartbeat_s=spec.heartbeat_s,
             timeout_s=spec.timeout_s,
             interrupt_on_update=self.interrupt_on_update,
-            tools=ToolRecipe(self.model_path, spec.tools, spec.stop_token_ids, self.tokenizer_class)
+            tools=ToolRecipe(
+                self.model_path,
+                spec.tools,
+                spec.stop_token_ids,
+                self.tokenizer_class,
+                self.decoder,
+                self.tool_renderer,
+            )
             if spec.tools is not None
             else None,
         )

@@ -98,8 +98,9 @@ class Lifetime:
         rt.relay_settings = RelaySettings.for_run(
             cfg.relay.slots, int(cfg.relay.chunk_mb * (1 << 20)), tls=cfg.relay.tls
         )
+        spec = ReplicaSpec.of(cfg)
         factory = Factory(
-            ReplicaSpec.of(cfg),
+            spec,
             model_path,
             rt.relay_settings,
             partial_pool=rt.partial_pool,
@@ -108,6 +109,7 @@ class Lifetime:
             end_ids=codec.end_ids,
             tokenizer_class=codec.tokenizer_class,
             decoder=codec.plain_decoder(),
+            tool_renderer=codec.plain_tool_renderer() if spec.tools is not None else None,
             # a resumed run's replicas start from the checkpoint's weights, at its version
             **(replica_weights(cfg.trainer.publishes_adapters, resume) if resume else {}),
         )

@@ -325,3 +325,55 @@ def test_no_plain_prompt_encoder_where_a_template_applies_or_the_ids_would_diffe
     assert differs.plain_prompt_encoder(["What is 12 + 30?"]) is None
     tok.__class__ = type("Own", (type(tok),), {"_encode_plus": lambda self, *a, **k: {"input_ids": [0]}})
     assert TaskCodec(tok).plain_prompt_encoder() is None
+
+
+@pytest.mark.parametrize("style", ["llama3", "chatml", "demo"])
+def test_a_replicas_tool_driver_renders_tool_outputs_without_transformers_as_the_codec_does(
+    style, llama_dir, chatml_dir, tiny_model_dir
+):
+    """`TaskCodec.plain_tool_renderer`, pickled as it travels to a replica's tool driver and rebuilt there with
+    the `tokenizers` library alone, gives a tool's output the ids `render_tool_output` gives it: real byte-level
+    BPE tokenizers (their chat templates taken away: with one, the template renders the tool turn) and the
+    demo's."""
+    import pickle
+    import random
+
+    path = {"llama3": llama_dir, "chatml": chatml_dir, "demo": tiny_model_dir}[style]
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.chat_template = None
+    codec = TaskCodec(tok)
+    plain = codec.plain_tool_renderer()
+    assert plain is not None
+    plain("warm")  # its tokenizer is built where it is first used, and does not travel
+    again = pickle.loads(pickle.dumps(plain))
+    assert "_tokenizer" not in again.__dict__
+    rng = random.Random(0)
+    pieces = [
+        "4517277",
+        "error: bad input",
+        "line\nbreak",
+        "\ttab",
+        "ünïcödé ✓ 你好",
+        " ",
+        "= 12 3",
+        "<tool_call>",
+    ]
+    texts = [" ".join(rng.choice(pieces) for _ in range(rng.randrange(0, 5))) for _ in range(100)]
+    for text in texts:
+        assert again(text) == codec.render_tool_output(text), text
+
+
+def test_no_plain_tool_renderer_where_a_template_renders_or_the_ids_would_differ(llama_dir):
+    """With a chat template (its tool turn), a class of its own that encodes differently, or a checked sample
+    rendered otherwise: the replica's tool driver loads the tokenizer."""
+    assert TaskCodec.from_dir(llama_dir).plain_tool_renderer() is None
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    tok.chat_template = None
+    assert TaskCodec(tok).plain_tool_renderer() is not None
+    differs = TaskCodec(tok)
+    differs.render_tool_output = lambda text: (
+        [0] if text == "-3.25" else TaskCodec(tok).render_tool_output(text)
+    )
+    assert differs.plain_tool_renderer() is None
+    tok.__class__ = type("Own", (type(tok),), {"_encode_plus": lambda self, *a, **k: {"input_ids": [0]}})
+    assert TaskCodec(tok).plain_tool_renderer() is None

@@ -109,8 +109,8 @@ def test_the_control_actors_and_relays_never_load_torch(laminar_run):
 def test_the_replicas_and_control_actors_run_without_transformers(laminar_run):
     """A replica reads its responses through the tokenizer's own decoding state (`TaskCodec.plain_decoder`), the
     prompt pool encodes prompts through its encoding state (`TaskCodec.plain_prompt_encoder`): transformers (a
-    CPU-second or more of imports a process) is for the driver and the trainer (and a replica's tool driver, in
-    a run with tool turns: this run has none)."""
+    CPU-second or more of imports a process) is for the driver and the trainer. (A run with tool turns: the
+    schedules' `sync` test.)"""
     transformers_in = laminar_run[4]
     assert set(CONTROL) < set(transformers_in) and not any(transformers_in.values()), transformers_in
 
