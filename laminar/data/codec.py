@@ -209,59 +209,52 @@ class PlainDecoder:
 
 
 @dataclasses.dataclass(frozen=True)
-class PlainPromptEncoder:
-    """`TaskCodec.encode_prompt` for a tokenizer without a chat template, with the `tokenizers` library alone:
-    made on the driver (`TaskCodec.plain_prompt_encoder`) for the prompt pool, which then never imports
-    transformers (about a CPU-second each time the pool starts). `backend`: the tokenizer's encoding state as
-    JSON (`tokenizers.Tokenizer.to_str`); `split_special_tokens`: transformers' setting of the same name."""
+class PlainEncoder:
+    """A fast tokenizer's encoding with the `tokenizers` library alone, made on the driver and used where
+    transformers is never imported (about a CPU-second a process). `backend`: the tokenizer's encoding state as
+    JSON (`tokenizers.Tokenizer.to_str`); `split_special_tokens`: transformers' setting of the same name. The
+    fields travel; the tokenizer is built from them where it is first used."""
 
     backend: str
     split_special_tokens: bool
-    source: str
 
     @functools.cached_property
     def _tokenizer(self) -> Any:
-        return plain_tokenizer(self.backend, self.split_special_tokens)
+        from tokenizers import Tokenizer
 
-    def __getstate__(self) -> dict[str, Any]:  # the fields travel, the tokenizer built from them does not
+        tok = Tokenizer.from_str(self.backend)
+        tok.no_truncation()  # what a plain `tokenizer(text)` sets before it encodes
+        tok.no_padding()
+        tok.encode_special_tokens = self.split_special_tokens
+        return tok
+
+    def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_tokenizer"}
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainPromptEncoder(PlainEncoder):
+    """`TaskCodec.encode_prompt` for a tokenizer without a chat template (`TaskCodec.plain_prompt_encoder`), for
+    the prompt pool. `source`: what names the tokenizer in an error."""
+
+    source: str
 
     def __call__(self, prompt: str | list[dict[str, str]]) -> list[int]:
         if not isinstance(prompt, str):
             raise ValueError(no_template_for_messages(self.source))
-        return list(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
+        return self.encode(prompt, add_special_tokens=True)
 
 
 @dataclasses.dataclass(frozen=True)
-class PlainToolRenderer:
+class PlainToolRenderer(PlainEncoder):
     """`TaskCodec.render_tool_output` for a tokenizer without a chat template (`plain_tool_output`'s text, encoded
-    without specials), with the `tokenizers` library alone: made on the driver (`TaskCodec.plain_tool_renderer`)
-    for the replicas' tool drivers, which then never import transformers."""
-
-    backend: str
-    split_special_tokens: bool
-
-    @functools.cached_property
-    def _tokenizer(self) -> Any:
-        return plain_tokenizer(self.backend, self.split_special_tokens)
-
-    def __getstate__(self) -> dict[str, Any]:  # the fields travel, the tokenizer built from them does not
-        return {k: v for k, v in self.__dict__.items() if k != "_tokenizer"}
+    without specials; `TaskCodec.plain_tool_renderer`), for the replicas' tool drivers."""
 
     def __call__(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(plain_tool_output(text), add_special_tokens=False).ids)
-
-
-def plain_tokenizer(backend: str, split_special_tokens: bool) -> Any:
-    """A `tokenizers.Tokenizer` from a fast tokenizer's state (`Tokenizer.to_str`), set as transformers sets it
-    before a plain `tokenizer(text)` call."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_str(backend)
-    tok.no_truncation()
-    tok.no_padding()
-    tok.encode_special_tokens = split_special_tokens
-    return tok
+        return self.encode(plain_tool_output(text), add_special_tokens=False)
 
 
 def plain_tool_output(text: str) -> str:
