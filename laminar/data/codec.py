@@ -386,18 +386,24 @@ class TaskCodec:
         # the template wrote BOS (if the model has one) itself: adding specials again would double it
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def _plain_encoding(self) -> tuple[str, bool] | None:
+        """`PlainEncoder`'s fields where raw text encodes exactly as the fast tokenizer's backend encodes it: no
+        chat template, and a class that encodes as transformers' `TokenizersBackend` does. Else None."""
+        tok = self.tokenizer
+        if self.has_template or not fast_as_transformers(tok, backend="_encode_plus", base="__call__"):
+            return None
+        return tok.backend_tokenizer.to_str(), bool(tok.split_special_tokens)
+
     def plain_prompt_encoder(
         self, prompts: Iterable[str | list[dict[str, str]]] = ()
     ) -> PlainPromptEncoder | None:
         """This codec's `encode_prompt` without transformers, where the tokenizer has no chat template (every
         prompt is raw text) and its class encodes as transformers' `TokenizersBackend` does; checked to give the
         same ids as `encode_prompt` on `prompts` (a run's first rows). Else None: the codec itself encodes."""
-        tok = self.tokenizer
-        if self.has_template or not fast_as_transformers(tok, backend="_encode_plus", base="__call__"):
+        state = self._plain_encoding()
+        if state is None:
             return None
-        plain = PlainPromptEncoder(
-            tok.backend_tokenizer.to_str(), bool(tok.split_special_tokens), self.source
-        )
+        plain = PlainPromptEncoder(*state, self.source)
         for prompt in prompts:
             try:
                 if isinstance(prompt, str) and plain(prompt) != self.encode_prompt(prompt):
@@ -434,12 +440,10 @@ class TaskCodec:
         """This codec's `render_tool_output` without transformers, where the tokenizer has no chat template and
         its class encodes as transformers' `TokenizersBackend` does; checked to give the same ids on
         `TOOL_OUTPUT_SAMPLES`. Else None: a replica's tool driver loads the tokenizer."""
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None) or not fast_as_transformers(
-            tok, backend="_encode_plus", base="__call__"
-        ):
+        state = self._plain_encoding()
+        if state is None:
             return None
-        plain = PlainToolRenderer(tok.backend_tokenizer.to_str(), bool(tok.split_special_tokens))
+        plain = PlainToolRenderer(*state)
         if any(plain(text) != self.render_tool_output(text) for text in TOOL_OUTPUT_SAMPLES):
             return None
         return plain
